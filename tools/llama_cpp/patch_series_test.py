@@ -98,7 +98,7 @@ def test_wrong_pin_tree_fails(fake_pin):
 
 def test_real_series_applies_to_the_real_pin():
     listed = [Path(p) for p in os.environ["MESHNET_PATCHES_LISTED"].split()]
-    on_disk = [Path(p) for p in os.environ["MESHNET_PATCHES_ON_DISK"].split()]
+    on_disk = [Path(p) for p in os.environ["MESHNET_PATCHES_ON_DISK"].split() if Path(p).name != "README.md"]
     argv = ["--pin-archive", os.environ["MESHNET_PIN_ARCHIVE"], "--pin-tree", os.environ["MESHNET_PIN_TREE"],
             "--listed", *map(str, listed), "--directory", *map(str, on_disk)]
     assert ps.main(argv) == 0
