@@ -36,8 +36,10 @@ $dirty"
 gitdir=$(cd "$checkout" && cd "$(git rev-parse --git-dir)" && pwd)
 mkdir -p "$dest"
 cp -a "$checkout/." "$dest/"
-rm -f "$dest/.git"
-cp -a "$gitdir" "$dest/.git"
+if [[ -f "$checkout/.git" ]]; then  # a submodule: .git is a "gitdir:" pointer file
+  rm -f "$dest/.git"
+  cp -a "$gitdir" "$dest/.git"
+fi
 # Drop the submodule's work-tree pointer and the sdist builder's credential includes.
 git config --file "$dest/.git/config" --unset core.worktree || true
 for section in $(git config --file "$dest/.git/config" --name-only --get-regexp '^includeif\.' |
