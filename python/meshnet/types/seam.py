@@ -1,0 +1,198 @@
+"""Native types of the seam protocol (meshnet.shard.v1), one frozen dataclass per message.
+
+Converted to and from protobuf only in meshnet.protocol.seam. Conventions: a sub-message that
+may be absent is Optional (None = absent, which differs from present-but-empty); repeated
+fields are tuples; enums keep the wire numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Optional
+
+from meshnet.types.ids import SessionId
+from meshnet.types.status import Status
+
+
+class DType(enum.IntEnum):
+    UNSPECIFIED = 0
+    F32 = 1
+    F16 = 2
+    BF16 = 3
+
+    @property
+    def itemsize(self) -> int:
+        if self == DType.UNSPECIFIED:
+            raise ValueError("DType.UNSPECIFIED has no size")
+        return 4 if self == DType.F32 else 2
+
+
+class ByteOrder(enum.IntEnum):
+    UNSPECIFIED = 0
+    LITTLE = 1
+    BIG = 2
+
+
+class Compression(enum.IntEnum):
+    UNSPECIFIED = 0
+    NONE = 1
+    ZLIB = 2
+
+
+class Phase(enum.IntEnum):
+    UNSPECIFIED = 0
+    PREFILL = 1
+    DECODE = 2
+    RELEASE = 3
+    CANCEL = 4
+
+
+class FinishReason(enum.IntEnum):
+    UNSPECIFIED = 0
+    LENGTH = 1
+    STOP = 2
+    CANCELLED = 3
+    ERROR = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolVersion:
+    major: int
+    minor: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteSession:
+    session_id: SessionId
+    epoch: int  # route epoch; newer fences older
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprints:
+    model_artifact: str  # "sha256:<hex>" of the GGUF file
+    runtime_recipe: str  # "sha256:<hex>" of the canonical runtime recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRange:
+    layer_start: int
+    layer_end: int  # exclusive
+    effective_start: int  # >= layer_start: where this frame's input enters
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenSpan:
+    start: int  # first position
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheState:
+    length: int  # positions [0, length) are held
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    byte_order: ByteOrder
+    offset: int  # into the bundle's uncompressed payload
+    length: int  # bytes
+    crc32: int  # CRC-32 of the bytes as sent
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleHeader:
+    tensors: tuple[TensorSpec, ...]
+    compression: Compression
+    payload_bytes: int  # uncompressed
+    wire_bytes: int  # what the fragments carry in total
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorFragment:
+    bundle_id: int
+    index: int
+    count: int
+    header: Optional[BundleHeader]  # on index 0 only
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (float32 on the wire, like every float here)
+    top_k: int = 0  # 0 = off
+    top_p: float = 0.0  # 0 or 1 = off
+    seed: int = 0
+    max_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    position: int
+    logprob: float = 0.0
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class SeamFrame:
+    version: Optional[ProtocolVersion]
+    session: Optional[RouteSession]
+    phase: Phase
+    step: int  # idempotency step, 1, 2, ...
+    work_id: str = ""
+    fingerprints: Optional[Fingerprints] = None
+    range: Optional[ShardRange] = None
+    span: Optional[TokenSpan] = None
+    token_ids: tuple[int, ...] = ()  # first hop only
+    expected_cache: Optional[CacheState] = None
+    budget_ms: int = 0  # time left for the step when sent; 0 = none
+    sampling: Optional[SamplingParams] = None
+    fragment: Optional[TensorFragment] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SeamReply:
+    version: Optional[ProtocolVersion]
+    session: Optional[RouteSession]
+    step: int
+    credits: int = 0
+    cache: Optional[CacheState] = None
+    status: Optional[Status] = None
+    replayed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultFrame:
+    version: Optional[ProtocolVersion]
+    session: Optional[RouteSession]
+    step: int
+    tokens: tuple[SampledToken, ...] = ()
+    finish_reason: FinishReason = FinishReason.UNSPECIFIED
+    status: Optional[Status] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class HelloRequest:
+    supported_versions: tuple[ProtocolVersion, ...]
+    features: tuple[str, ...] = ()
+    peer_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class HelloReply:
+    chosen_version: Optional[ProtocolVersion]
+    features: tuple[str, ...] = ()
+    peer_id: str = ""
+    status: Optional[Status] = None
