@@ -1,0 +1,195 @@
+"""Native types of the tracker protocol (meshnet.tracker.v1), one frozen dataclass per message.
+
+Field names equal the proto's, so meshnet.protocol.tracker converts them generically. Shared
+pieces (versions, fingerprints, route sessions, status) are the seam's native types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Optional
+
+from meshnet.types.ids import NodeId
+from meshnet.types.seam import Fingerprints, ProtocolVersion, RouteSession
+from meshnet.types.status import Status
+
+
+class BackendKind(enum.IntEnum):
+    UNSPECIFIED = 0
+    REFERENCE = 1  # HF Transformers reference shard
+    GGUF = 2  # C++ shard worker over patched llama.cpp
+
+
+class Admission(enum.IntEnum):
+    UNSPECIFIED = 0
+    ROUTABLE = 1
+    DARK = 2  # registered, visible, never routed
+    REFUSED = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRange:
+    start: int
+    end: int  # exclusive
+
+    def __len__(self) -> int:
+        return max(0, self.end - self.start)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    max_sessions: int = 0
+    kv_tokens: int = 0
+    memory_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    node_id: NodeId
+    address: str  # host:port of the Seam service
+    backend: BackendKind
+    model: str
+    architecture: str
+    fingerprints: Optional[Fingerprints]
+    range_fingerprint: str
+    layers: Optional[LayerRange]
+    capacity: Optional[Capacity]
+    n_layer: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisterRequest:
+    version: Optional[ProtocolVersion]
+    node: Optional[NodeInfo]
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisterReply:
+    status: Optional[Status]
+    admission: Admission = Admission.UNSPECIFIED
+    reason: str = ""
+    lease_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    active_sessions: int = 0
+    queue_depth: int = 0
+    batch_occupancy: float = 0.0  # float32 on the wire
+    kv_cells_used: int = 0
+    kv_cells_total: int = 0
+    decode_tokens_per_second: float = 0.0
+    prefill_tokens_per_second: float = 0.0
+    rss_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class HeartbeatRequest:
+    node_id: NodeId
+    load: Optional[Load] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class HeartbeatReply:
+    status: Optional[Status]
+    lease_ms: int = 0
+    fenced_epoch_below: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DrainRequest:
+    node_id: NodeId
+
+
+@dataclasses.dataclass(frozen=True)
+class DrainReply:
+    status: Optional[Status]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeregisterRequest:
+    node_id: NodeId
+
+
+@dataclasses.dataclass(frozen=True)
+class DeregisterReply:
+    status: Optional[Status]
+
+
+@dataclasses.dataclass(frozen=True)
+class CoverageRequest:
+    model: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCoverage:
+    layer: int
+    node_ids: tuple[NodeId, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class CoverageReply:
+    status: Optional[Status]
+    n_layer: int = 0
+    layers: tuple[LayerCoverage, ...] = ()
+    gaps: tuple[LayerRange, ...] = ()
+    nodes: tuple[NodeInfo, ...] = ()
+    dark_node_ids: tuple[NodeId, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Hop:
+    node: Optional[NodeInfo]
+    layers: Optional[LayerRange]  # what this hop runs: [effective_start, end)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenRouteRequest:
+    model: str
+    client_id: str = ""
+    expected_tokens: int = 0
+    avoid_node_ids: tuple[NodeId, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteReply:
+    status: Optional[Status]
+    session: Optional[RouteSession] = None
+    hops: tuple[Hop, ...] = ()
+    uncovered: tuple[LayerRange, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportFailureRequest:
+    session: Optional[RouteSession]
+    failed_node_id: NodeId
+    failure: Optional[Status] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkEntry:
+    session: Optional[RouteSession]
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkReport:
+    node_id: NodeId
+    entries: tuple[WorkEntry, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkReply:
+    status: Optional[Status]
+
+
+@dataclasses.dataclass(frozen=True)
+class CloseRouteRequest:
+    session: Optional[RouteSession]
+
+
+@dataclasses.dataclass(frozen=True)
+class CloseRouteReply:
+    status: Optional[Status]
