@@ -1,0 +1,299 @@
+"""The tracker's state: nodes and leases, admission, coverage, route sessions, epochs, bans.
+
+Called by service.py (gRPC threads) and by tests directly; every public method takes the one
+lock, so the registry is safe to share. Time comes from an injected monotonic clock. Invariants:
+only ROUTABLE nodes with a live lease, not draining and not banned appear in routes; a route
+session's epoch only grows, and every issued route covers [0, n_layer) exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from typing import Callable, Optional
+
+from meshnet.tracker import routing
+from meshnet.types import tracker as tt
+from meshnet.types.ids import NodeId, SessionId
+from meshnet.types.seam import RouteSession
+from meshnet.types.status import Status, StatusCode
+
+CERTIFIED_ARCHITECTURES = frozenset({"llama"})  # architectures with a certified shard adapter
+MAX_LAYERS = 4096
+MAX_SESSIONS = 1 << 16
+MAX_KV_TOKENS = 1 << 40
+MAX_EXPECTED_TOKENS = 1 << 24  # one session: prompt + new tokens
+MAX_ID_CHARS = 128
+OK = Status(StatusCode.OK)
+
+
+@dataclasses.dataclass(frozen=True)
+class CertifiedModel:
+    model: str  # name clients ask for
+    architecture: str  # GGUF general.architecture
+    n_layer: int
+    artifact_fingerprint: str  # "sha256:<hex>" of the certified GGUF
+    recipe_fingerprint: str  # "sha256:<hex>" of the certified runtime recipe
+
+
+@dataclasses.dataclass
+class _Node:
+    info: tt.NodeInfo
+    admission: tt.Admission
+    reason: str
+    lease_until: float
+    draining: bool = False
+    load: tt.Load = dataclasses.field(default_factory=tt.Load)
+
+
+@dataclasses.dataclass
+class _Session:
+    model: str
+    epoch: int
+    hops: tuple[tt.Hop, ...]
+    expected_tokens: int
+    avoid: frozenset[NodeId]
+
+
+@dataclasses.dataclass
+class _Ban:
+    until: float
+    strikes: int
+
+
+def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
+    return Status(code, message, retryable)
+
+
+class Registry:
+    def __init__(self, models: list[CertifiedModel], *, lease_seconds: float = 10.0,
+                 ban_seconds: float = 5.0, max_ban_seconds: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._models = {m.model: m for m in models}
+        self._lease = lease_seconds
+        self._ban_base, self._ban_max = ban_seconds, max_ban_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._nodes: dict[NodeId, _Node] = {}
+        self._sessions: dict[SessionId, _Session] = {}
+        self._bans: dict[NodeId, _Ban] = {}
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self._lease * 1000)
+
+    # ---- nodes ------------------------------------------------------------------------------
+
+    def register(self, info: Optional[tt.NodeInfo]) -> tt.RegisterReply:
+        problem = _validate_node(info)
+        if problem:
+            return tt.RegisterReply(_error(StatusCode.INVALID_ARGUMENT, problem), tt.Admission.REFUSED, problem)
+        assert info is not None and info.layers is not None
+        admission, reason = self._admit(info)
+        if admission == tt.Admission.REFUSED:
+            return tt.RegisterReply(_error(StatusCode.FINGERPRINT_MISMATCH, reason), admission, reason)
+        with self._lock:
+            self._nodes[info.node_id] = _Node(info, admission, reason, self._clock() + self._lease)
+        return tt.RegisterReply(OK, admission, reason, self.lease_ms)
+
+    def _admit(self, info: tt.NodeInfo) -> tuple[tt.Admission, str]:
+        if info.architecture not in CERTIFIED_ARCHITECTURES:
+            return tt.Admission.DARK, f"architecture {info.architecture!r} has no certified adapter; registered dark"
+        model = self._models.get(info.model)
+        if model is None:
+            return tt.Admission.REFUSED, f"model {info.model!r} has no certified recipe on this tracker"
+        fp = info.fingerprints
+        if info.architecture != model.architecture or info.n_layer != model.n_layer:
+            return tt.Admission.REFUSED, (f"model {info.model!r} is certified as {model.architecture} with "
+                                          f"{model.n_layer} layers; node says {info.architecture} with {info.n_layer}")
+        if fp is None or fp.model_artifact != model.artifact_fingerprint:
+            got = fp.model_artifact if fp else "none"
+            return tt.Admission.REFUSED, f"artifact fingerprint {got} != certified {model.artifact_fingerprint}"
+        if fp.runtime_recipe != model.recipe_fingerprint:
+            return tt.Admission.REFUSED, f"recipe fingerprint {fp.runtime_recipe} != certified {model.recipe_fingerprint}"
+        return tt.Admission.ROUTABLE, ""
+
+    def heartbeat(self, node_id: NodeId, load: Optional[tt.Load]) -> tt.HeartbeatReply:
+        with self._lock:
+            node = self._live_node(node_id)
+            if node is None:
+                return tt.HeartbeatReply(_error(StatusCode.NOT_FOUND, f"node {node_id!r} has no live lease; register again", True))
+            node.lease_until = self._clock() + self._lease
+            if load is not None:
+                node.load = load
+        return tt.HeartbeatReply(OK, self.lease_ms)
+
+    def drain(self, node_id: NodeId) -> Status:
+        with self._lock:
+            node = self._live_node(node_id)
+            if node is None:
+                return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
+            node.draining = True
+        return OK
+
+    def deregister(self, node_id: NodeId) -> Status:
+        with self._lock:
+            if self._nodes.pop(node_id, None) is None:
+                return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
+        return OK
+
+    def _live_node(self, node_id: NodeId) -> Optional[_Node]:
+        node = self._nodes.get(node_id)
+        if node is not None and node.lease_until < self._clock():
+            del self._nodes[node_id]  # the lease expired: the node leaves the coverage map
+            return None
+        return node
+
+    def _live_nodes(self, model: str) -> list[_Node]:
+        return [n for n in (self._live_node(i) for i in list(self._nodes)) if n is not None and n.info.model == model]
+
+    # ---- coverage ---------------------------------------------------------------------------
+
+    def coverage(self, model: str) -> tt.CoverageReply:
+        with self._lock:
+            nodes = self._live_nodes(model)
+            certified = self._models.get(model)
+            if certified is None and not nodes:
+                return tt.CoverageReply(_error(StatusCode.NOT_FOUND, f"unknown model {model!r}"))
+            n_layer = certified.n_layer if certified else max(n.info.n_layer for n in nodes)
+            routable = [n for n in nodes if n.admission == tt.Admission.ROUTABLE and not n.draining]
+            layers = tuple(
+                tt.LayerCoverage(layer, tuple(sorted(n.info.node_id for n in routable
+                                                     if n.info.layers.start <= layer < n.info.layers.end)))
+                for layer in range(n_layer))
+            candidates = [routing.Candidate(n.info.node_id, n.info.layers.start, n.info.layers.end) for n in routable]
+            gaps = tuple(tt.LayerRange(s, e) for s, e in routing.uncovered_ranges(candidates, n_layer))
+            dark = tuple(sorted(n.info.node_id for n in nodes if n.admission == tt.Admission.DARK))
+            infos = tuple(n.info for n in sorted(nodes, key=lambda n: n.info.node_id))
+        return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark)
+
+    # ---- route sessions ---------------------------------------------------------------------
+
+    def open_route(self, request: tt.OpenRouteRequest) -> tt.RouteReply:
+        if request.expected_tokens > MAX_EXPECTED_TOKENS:
+            return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {request.expected_tokens} is too large"))
+        with self._lock:
+            model = self._models.get(request.model)
+            if model is None:
+                return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown model {request.model!r}"))
+            session = _Session(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids))
+            reply = self._route(SessionId(f"rs-{uuid.uuid4().hex}"), session, model)
+        return reply
+
+    def report_failure(self, request: tt.ReportFailureRequest) -> tt.RouteReply:
+        if request.session is None:
+            return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "failure report without a session"))
+        with self._lock:
+            session = self._sessions.get(request.session.session_id)
+            if session is None:
+                return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown route session {request.session.session_id!r}"))
+            current = RouteSession(request.session.session_id, session.epoch)
+            if request.session.epoch != session.epoch:
+                return tt.RouteReply(_error(StatusCode.STALE_EPOCH, f"epoch {request.session.epoch} is fenced; "
+                                                                   f"the session is at epoch {session.epoch}"),
+                                     current, session.hops)
+            if request.failed_node_id:
+                ban = self._bans.get(request.failed_node_id, _Ban(0.0, 0))
+                ban.strikes += 1
+                ban.until = self._clock() + min(self._ban_max, self._ban_base * 2 ** (ban.strikes - 1))
+                self._bans[request.failed_node_id] = ban
+            session.epoch += 1
+            return self._route(request.session.session_id, session, self._models[session.model])
+
+    def close_route(self, route: Optional[RouteSession]) -> Status:
+        with self._lock:
+            problem = self._check_session(route)
+            if problem is not None:
+                return problem
+            assert route is not None
+            del self._sessions[route.session_id]
+        return OK
+
+    def check_session(self, route: Optional[RouteSession]) -> Optional[Status]:
+        """None if `route` names a live session at its current epoch, else the error."""
+        with self._lock:
+            return self._check_session(route)
+
+    def _check_session(self, route: Optional[RouteSession]) -> Optional[Status]:
+        if route is None:
+            return _error(StatusCode.INVALID_ARGUMENT, "no route session given")
+        session = self._sessions.get(route.session_id)
+        if session is None:
+            return _error(StatusCode.NOT_FOUND, f"unknown route session {route.session_id!r}")
+        if route.epoch != session.epoch:
+            return _error(StatusCode.STALE_EPOCH, f"epoch {route.epoch} is fenced; the session is at epoch {session.epoch}")
+        return None
+
+    def _route(self, session_id: SessionId, session: _Session, model: CertifiedModel) -> tt.RouteReply:
+        """Lock held. Picks hops for `session` at its current epoch and records them."""
+        now = self._clock()
+        in_use: dict[NodeId, tuple[int, int]] = {}
+        for sid, other in self._sessions.items():
+            if sid == session_id:
+                continue
+            for hop in other.hops:
+                sessions, tokens = in_use.get(hop.node.node_id, (0, 0))
+                in_use[hop.node.node_id] = (sessions + 1, tokens + other.expected_tokens)
+        nodes, candidates = {}, []
+        for node in self._live_nodes(session.model):
+            info, cap = node.info, node.info.capacity or tt.Capacity()
+            ban = self._bans.get(info.node_id)
+            sessions, tokens = in_use.get(info.node_id, (0, 0))
+            if (node.admission != tt.Admission.ROUTABLE or node.draining or info.node_id in session.avoid
+                    or (ban is not None and ban.until > now)
+                    or (cap.max_sessions and sessions >= cap.max_sessions)
+                    or (cap.kv_tokens and tokens + session.expected_tokens > cap.kv_tokens)):
+                continue
+            nodes[info.node_id] = info
+            candidates.append(_candidate(node, sessions))
+        route = RouteSession(session_id, session.epoch)
+        try:
+            hops = routing.find_route(candidates, model.n_layer)
+        except routing.NoRouteError as err:
+            if session.epoch > 1:  # keep the session (its old epoch stays fenced) with no route
+                session.hops = ()
+                self._sessions[session_id] = session
+            return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (),
+                                 tuple(tt.LayerRange(s, e) for s, e in err.uncovered))
+        session.hops = tuple(tt.Hop(nodes[h.node_id], tt.LayerRange(h.start, h.end)) for h in hops)
+        self._sessions[session_id] = session
+        return tt.RouteReply(OK, route, session.hops)
+
+
+def _candidate(node: _Node, sessions: int) -> routing.Candidate:
+    info, load = node.info, node.load
+    served = info.layers.end - info.layers.start
+    per_layer = routing.DEFAULT_SECONDS_PER_LAYER
+    if load.decode_tokens_per_second > 0:
+        per_layer = 1.0 / (load.decode_tokens_per_second * served)
+    cap = max(1, (info.capacity.max_sessions if info.capacity else 0) or 1)
+    pressure = max(load.active_sessions, sessions) / cap + load.queue_depth / cap
+    return routing.Candidate(info.node_id, info.layers.start, info.layers.end, per_layer, routing.HOP_OVERHEAD_SECONDS,
+                             pressure)
+
+
+def _validate_node(info: Optional[tt.NodeInfo]) -> str:
+    """'' if `info` is well formed, else what is wrong with it."""
+    if info is None:
+        return "registration without node info"
+    for what, value in (("node_id", info.node_id), ("address", info.address), ("model", info.model),
+                        ("architecture", info.architecture)):
+        if not value or len(value) > MAX_ID_CHARS:
+            return f"{what} must be 1..{MAX_ID_CHARS} characters"
+    if not 0 < info.n_layer <= MAX_LAYERS:
+        return f"n_layer {info.n_layer} outside 1..{MAX_LAYERS}"
+    if info.layers is None:
+        return "registration without a layer range"
+    start, end = info.layers.start, info.layers.end
+    if end <= start:
+        return f"layer range [{start}, {end}) ends before it starts"
+    if end > info.n_layer:
+        return f"layer range [{start}, {end}) exceeds the model's {info.n_layer} layers"
+    cap = info.capacity or tt.Capacity()
+    if cap.max_sessions > MAX_SESSIONS or cap.kv_tokens > MAX_KV_TOKENS:
+        return f"capacity {cap} exceeds the tracker's limits ({MAX_SESSIONS} sessions, {MAX_KV_TOKENS} KV tokens)"
+    if info.backend not in (tt.BackendKind.REFERENCE, tt.BackendKind.GGUF):
+        return f"unknown backend {int(info.backend)}"
+    return ""

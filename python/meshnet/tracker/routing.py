@@ -1,0 +1,90 @@
+"""Route selection: the cheapest chain of hops over layer boundaries (Dijkstra).
+
+Pure functions over `Candidate`s; the registry builds the candidates (routable, alive, not
+draining, not banned, with capacity) and calls `find_route`. A node serving [s, e) can run any
+suffix [b, e) with s <= b < e (its effective start b), so overlapping ranges chain. Invariants:
+a returned route covers [0, n_layer) exactly once, in order; equal inputs give the same route
+(ties break on hop count, then the node ids along the path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from typing import Sequence
+
+from meshnet.types.ids import NodeId
+
+DEFAULT_SECONDS_PER_LAYER = 0.001  # compute estimate before a node reports telemetry
+HOP_OVERHEAD_SECONDS = 0.002  # serialisation + one network latency on loopback/LAN
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    node_id: NodeId
+    start: int  # registered range [start, end)
+    end: int
+    seconds_per_layer: float = DEFAULT_SECONDS_PER_LAYER  # from telemetry (decode tok/s)
+    rtt_seconds: float = HOP_OVERHEAD_SECONDS  # measured or hinted round trip to the node
+    load: float = 0.0  # 0 = idle; active sessions / max sessions, queue pressure
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteHop:
+    node_id: NodeId
+    start: int  # effective start
+    end: int
+
+
+class NoRouteError(Exception):
+    """No chain covers [0, n_layer); `uncovered` lists the missing [start, end) ranges."""
+
+    def __init__(self, uncovered: list[tuple[int, int]]) -> None:
+        self.uncovered = uncovered
+        names = ", ".join(f"{s}..{e - 1}" if e - s > 1 else str(s) for s, e in uncovered)
+        super().__init__(f"no route: layers {names} are not covered by any available node")
+
+
+def hop_cost(c: Candidate, start: int) -> float:
+    return (c.end - start) * c.seconds_per_layer * (1.0 + c.load) + c.rtt_seconds
+
+
+def uncovered_ranges(candidates: Sequence[Candidate], n_layer: int) -> list[tuple[int, int]]:
+    covered = [False] * n_layer
+    for c in candidates:
+        for layer in range(max(0, c.start), min(n_layer, c.end)):
+            covered[layer] = True
+    gaps, start = [], None
+    for layer, ok in enumerate(covered + [True]):
+        if not ok and start is None:
+            start = layer
+        elif ok and start is not None:
+            gaps.append((start, layer))
+            start = None
+    return gaps
+
+
+def find_route(candidates: Sequence[Candidate], n_layer: int) -> list[RouteHop]:
+    """The cheapest chain from boundary 0 to boundary n_layer; raises NoRouteError."""
+    if n_layer <= 0:
+        raise ValueError(f"n_layer must be positive, got {n_layer}")
+    usable = sorted((c for c in candidates if 0 <= c.start < c.end <= n_layer), key=lambda c: c.node_id)
+    by_layer: list[list[Candidate]] = [[] for _ in range(n_layer)]
+    for c in usable:
+        for layer in range(c.start, c.end):
+            by_layer[layer].append(c)
+    # Priority: (cost, hop count, node ids so far); the path itself rides along for the answer.
+    queue: list[tuple[float, int, tuple[NodeId, ...], int, tuple[RouteHop, ...]]] = [(0.0, 0, (), 0, ())]
+    settled: set[int] = set()
+    while queue:
+        cost, hops, ids, boundary, path = heapq.heappop(queue)
+        if boundary == n_layer:
+            return list(path)
+        if boundary in settled:
+            continue
+        settled.add(boundary)
+        for c in by_layer[boundary]:
+            if c.end not in settled:
+                hop = RouteHop(c.node_id, boundary, c.end)
+                heapq.heappush(queue, (cost + hop_cost(c, boundary), hops + 1, ids + (c.node_id,), c.end, path + (hop,)))
+    raise NoRouteError(uncovered_ranges(usable, n_layer))

@@ -1,0 +1,71 @@
+"""Route selection: cheapest chain, effective starts, gaps, bans (by exclusion), determinism."""
+
+import random
+
+import pytest
+
+from meshnet.tracker.routing import Candidate, NoRouteError, RouteHop, find_route, uncovered_ranges
+from meshnet.types.ids import NodeId
+
+
+def c(node, start, end, **kw):
+    return Candidate(NodeId(node), start, end, **kw)
+
+
+def test_single_node_covers_everything():
+    assert find_route([c("a", 0, 30)], 30) == [RouteHop(NodeId("a"), 0, 30)]
+
+
+def test_replicas_pick_the_cheapest_chain():
+    nodes = [
+        c("slow-0", 0, 10, seconds_per_layer=0.010), c("fast-0", 0, 10, seconds_per_layer=0.002),
+        c("busy-1", 10, 20, load=3.0), c("idle-1", 10, 20),
+        c("far-2", 20, 30, rtt_seconds=0.080), c("near-2", 20, 30, rtt_seconds=0.001),
+    ]
+    route = find_route(nodes, 30)
+    assert [h.node_id for h in route] == ["fast-0", "idle-1", "near-2"]
+    assert [(h.start, h.end) for h in route] == [(0, 10), (10, 20), (20, 30)]
+
+
+def test_fewer_hops_win_when_compute_is_equal():
+    nodes = [c("a", 0, 10), c("b", 10, 20), c("c", 20, 30), c("whole", 0, 30)]
+    assert [h.node_id for h in find_route(nodes, 30)] == ["whole"]
+
+
+def test_overlapping_ranges_use_effective_starts():
+    nodes = [c("a", 0, 12), c("b", 8, 22), c("c", 18, 30)]
+    route = find_route(nodes, 30)
+    assert route == [RouteHop(NodeId("a"), 0, 12), RouteHop(NodeId("b"), 12, 22), RouteHop(NodeId("c"), 22, 30)]
+    covered = [layer for h in route for layer in range(h.start, h.end)]
+    assert covered == list(range(30))
+
+
+def test_gap_names_the_missing_layers():
+    with pytest.raises(NoRouteError) as err:
+        find_route([c("a", 0, 10), c("c", 20, 30), c("d", 25, 28)], 30)
+    assert err.value.uncovered == [(10, 20)]
+    assert "10..19" in str(err.value)
+    assert uncovered_ranges([c("a", 1, 2)], 4) == [(0, 1), (2, 4)]
+
+
+def test_banned_node_is_avoided_by_exclusion():
+    nodes = [c("a", 0, 10), c("b", 10, 30), c("b2", 10, 30, seconds_per_layer=0.005)]
+    assert [h.node_id for h in find_route(nodes, 30)] == ["a", "b"]
+    without_b = [n for n in nodes if n.node_id != "b"]
+    assert [h.node_id for h in find_route(without_b, 30)] == ["a", "b2"]
+
+
+def test_equal_inputs_give_equal_routes_whatever_the_order():
+    nodes = [c(f"n{i}", s, e) for i, (s, e) in enumerate([(0, 10), (0, 10), (10, 20), (10, 20), (20, 30), (20, 30), (5, 25)])]
+    expected = find_route(nodes, 30)
+    rng = random.Random(7)
+    for _ in range(50):
+        shuffled = nodes[:]
+        rng.shuffle(shuffled)
+        assert find_route(shuffled, 30) == expected
+
+
+def test_out_of_range_candidates_are_ignored():
+    assert find_route([c("bad", 5, 40), c("ok", 0, 30)], 30) == [RouteHop(NodeId("ok"), 0, 30)]
+    with pytest.raises(ValueError):
+        find_route([], 0)
