@@ -3,6 +3,7 @@ overlapping ranges, 100 concurrent routes, lease loss, fencing, bad input, authe
 
 from __future__ import annotations
 
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -123,3 +124,20 @@ def test_bad_input_gets_structured_errors_and_the_tracker_keeps_serving(client, 
     # Still serving.
     assert client.register(tt.RegisterRequest(V1, info("ok", 0, 30))).status.ok
     assert client.open_route(tt.OpenRouteRequest("smol")).status.ok
+
+
+def test_tls(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    tracker = TrackerProcess(tmp_path, [MODEL], tls=(cert, key)).start()
+    try:
+        creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with TrackerClient(tracker.address, SECRET, credentials=creds) as secure:
+            assert secure.register(tt.RegisterRequest(V1, info("tls-node", 0, 30))).status.ok
+        with TrackerClient(tracker.address, SECRET, timeout=3) as plaintext:
+            with pytest.raises(grpc.RpcError):
+                plaintext.coverage("smol")
+    finally:
+        assert tracker.stop() == 0

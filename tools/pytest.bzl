@@ -5,7 +5,9 @@ def py_pytest(name, srcs, deps = [], data = [], args = [], **kwargs):
         name = name,
         srcs = srcs + ["//tools:pytest_runner.py"],
         main = "//tools:pytest_runner.py",
-        args = ["-p", "no:cacheprovider", "-q"] + ["$(location %s)" % s for s in srcs] + args,
+        # importlib mode: pytest must not put python/meshnet on sys.path (meshnet.types would
+        # shadow the standard library's types module in child processes).
+        args = ["-p", "no:cacheprovider", "-q", "--import-mode=importlib"] + ["$(location %s)" % s for s in srcs] + args,
         data = data,
         deps = deps,
         python_version = "PY3",

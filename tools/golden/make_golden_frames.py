@@ -51,7 +51,9 @@ def golden_messages() -> list[tuple[str, object]]:
         ("hello_reply.bin", t.HelloReply(V1, ("compression.zlib",), "node-b", Status(StatusCode.OK))),
         ("prefill_first_hop_tokens.bin", t.SeamFrame(V1, SESSION, t.Phase.PREFILL, 1, "golden-w1", FINGERPRINTS,
                                                      t.ShardRange(0, 10, 0), t.TokenSpan(0, 6), (1, 504, 3458, 282, 4649, 314),
-                                                     t.CacheState(0), 3000, sampling)),
+                                                     t.CacheState(0), 3000, sampling, None,
+                                                     (t.DownstreamHop("node-b", "127.0.0.1:7702", t.ShardRange(10, 20, 10)),
+                                                      t.DownstreamHop("node-c", "127.0.0.1:7703", t.ShardRange(20, 30, 20))))),
         ("prefill_f16_fragment0.bin", _frame(1, t.Phase.PREFILL, prefill[0], t.TokenSpan(0, 6))),
         ("prefill_f16_fragment1.bin", _frame(1, t.Phase.PREFILL, prefill[1], t.TokenSpan(0, 6))),
         ("decode_f32.bin", _frame(2, t.Phase.DECODE, decode_f32, t.TokenSpan(6, 1))),
@@ -64,6 +66,7 @@ def golden_messages() -> list[tuple[str, object]]:
         ("reply_stale_epoch.bin", t.SeamReply(V1, SESSION, 2, 0, None,
                                               Status(StatusCode.STALE_EPOCH, "epoch 2 is older than 3", False, "node-b"))),
         ("reply_replayed.bin", t.SeamReply(V1, SESSION, 2, 4, t.CacheState(7), Status(StatusCode.OK), True)),
+        ("results_request.bin", t.ResultsRequest(V1, SESSION)),
         ("result_tokens.bin", t.ResultFrame(V1, SESSION, 2, (t.SampledToken(
             3458, 6, -0.125, (t.TokenLogprob(3458, -0.125), t.TokenLogprob(282, -2.25))),))),
         ("result_finished.bin", t.ResultFrame(V1, SESSION, 9, (t.SampledToken(2, 13, -0.5),), t.FinishReason.STOP,

@@ -22,7 +22,7 @@ SUPPORTED_MAJORS = (1,)
 FEATURES = ("compression.zlib", "logprobs")
 
 E = TypeVar("E")
-NativeMessage = Union[t.SeamFrame, t.SeamReply, t.ResultFrame, t.HelloRequest, t.HelloReply]
+NativeMessage = Union[t.SeamFrame, t.SeamReply, t.ResultFrame, t.ResultsRequest, t.HelloRequest, t.HelloReply]
 
 
 def _enum(cls: Callable[[int], E], value: int, what: str) -> E:
@@ -67,6 +67,14 @@ def status_in(m: pb.Status) -> Status:
 
 def _status_out(v: Status, m: pb.Status) -> None:
     m.code, m.message, m.retryable, m.hop = int(v.code), v.message, v.retryable, v.hop
+
+
+def _range_in(m: pb.ShardRange) -> t.ShardRange:
+    return t.ShardRange(m.layer_start, m.layer_end, m.effective_start)
+
+
+def _range_out(v: t.ShardRange, m: pb.ShardRange) -> None:
+    m.layer_start, m.layer_end, m.effective_start = v.layer_start, v.layer_end, v.effective_start
 
 
 def _cache_in(m: pb.CacheState) -> t.CacheState:
@@ -138,13 +146,14 @@ def _frame_in(m: pb.SeamFrame) -> t.SeamFrame:
         step=m.step,
         work_id=m.work_id,
         fingerprints=_opt(m, "fingerprints", lambda f: t.Fingerprints(f.model_artifact, f.runtime_recipe)),
-        range=_opt(m, "range", lambda r: t.ShardRange(r.layer_start, r.layer_end, r.effective_start)),
+        range=_opt(m, "range", _range_in),
         span=_opt(m, "span", lambda s: t.TokenSpan(s.start, s.count)),
         token_ids=tuple(m.token_ids),
         expected_cache=_opt(m, "expected_cache", _cache_in),
         budget_ms=m.budget_ms,
         sampling=_opt(m, "sampling", _sampling_in),
         fragment=_opt(m, "fragment", _fragment_in),
+        downstream=tuple(t.DownstreamHop(d.node_id, d.address, _opt(d, "range", _range_in)) for d in m.downstream),
     )
 
 
@@ -154,13 +163,15 @@ def _frame_out(v: t.SeamFrame) -> pb.SeamFrame:
     _set(m, "session", v.session, _session_out)
     _set(m, "fingerprints", v.fingerprints, lambda f, x: (setattr(x, "model_artifact", f.model_artifact),
                                                           setattr(x, "runtime_recipe", f.runtime_recipe)))
-    _set(m, "range", v.range, lambda r, x: (setattr(x, "layer_start", r.layer_start), setattr(x, "layer_end", r.layer_end),
-                                            setattr(x, "effective_start", r.effective_start)))
+    _set(m, "range", v.range, _range_out)
     _set(m, "span", v.span, lambda s, x: (setattr(x, "start", s.start), setattr(x, "count", s.count)))
     m.token_ids.extend(v.token_ids)
     _set(m, "expected_cache", v.expected_cache, _cache_out)
     _set(m, "sampling", v.sampling, _sampling_out)
     _set(m, "fragment", v.fragment, _fragment_out)
+    for hop in v.downstream:
+        d = m.downstream.add(node_id=hop.node_id, address=hop.address)
+        _set(d, "range", hop.range, _range_out)
     return m
 
 
@@ -194,6 +205,17 @@ def _result_out(v: t.ResultFrame) -> pb.ResultFrame:
     return m
 
 
+def _results_request_in(m: pb.ResultsRequest) -> t.ResultsRequest:
+    return t.ResultsRequest(_opt(m, "version", _version_in), _opt(m, "session", _session_in))
+
+
+def _results_request_out(v: t.ResultsRequest) -> pb.ResultsRequest:
+    m = pb.ResultsRequest()
+    _set(m, "version", v.version, _version_out)
+    _set(m, "session", v.session, _session_out)
+    return m
+
+
 def _hello_in(m: pb.HelloRequest) -> t.HelloRequest:
     return t.HelloRequest(tuple(_version_in(x) for x in m.supported_versions), tuple(m.features), m.peer_id)
 
@@ -220,6 +242,7 @@ _CODECS = {
     t.SeamFrame: (pb.SeamFrame, _frame_in, _frame_out),
     t.SeamReply: (pb.SeamReply, _reply_in, _reply_out),
     t.ResultFrame: (pb.ResultFrame, _result_in, _result_out),
+    t.ResultsRequest: (pb.ResultsRequest, _results_request_in, _results_request_out),
     t.HelloRequest: (pb.HelloRequest, _hello_in, _hello_out),
     t.HelloReply: (pb.HelloReply, _hello_reply_in, _hello_reply_out),
 }

@@ -23,13 +23,15 @@ def _fragment():
 
 MESSAGES = [
     t.SeamFrame(V1, SESSION, t.Phase.PREFILL, 1, "w-1", t.Fingerprints("sha256:aa", "sha256:bb"), t.ShardRange(0, 10, 0),
-                t.TokenSpan(0, 2), (1, 2), t.CacheState(0), 2500, t.SamplingParams(0.75, 40, 0.875, 42, 64, (2,), 3), _fragment()),
+                t.TokenSpan(0, 2), (1, 2), t.CacheState(0), 2500, t.SamplingParams(0.75, 40, 0.875, 42, 64, (2,), 3), _fragment(),
+                (t.DownstreamHop("node-b", "127.0.0.1:7002", t.ShardRange(10, 20, 12)), t.DownstreamHop("node-c", "h:1", None))),
     t.SeamFrame(V1, SESSION, t.Phase.RELEASE, 9),
     t.SeamFrame(V1, SESSION, t.Phase.DECODE, 2, expected_cache=t.CacheState(0)),  # present but empty
     t.SeamReply(V1, SESSION, 4, 8, t.CacheState(17), Status(StatusCode.OK)),
     t.SeamReply(V1, SESSION, 4, 0, None, Status(StatusCode.STALE_EPOCH, "epoch 3 < 4", True, "node-b"), True),
     t.ResultFrame(V1, SESSION, 5, (t.SampledToken(42, 17, -0.25, (t.TokenLogprob(42, -0.25), t.TokenLogprob(7, -2.5))),),
                   t.FinishReason.LENGTH, Status(StatusCode.OK)),
+    t.ResultsRequest(V1, SESSION),
     t.HelloRequest((t.ProtocolVersion(1, 0), t.ProtocolVersion(2, 1)), ("compression.zlib",), "client-1"),
     t.HelloReply(V1, ("compression.zlib",), "node-a", Status(StatusCode.OK)),
 ]

@@ -236,15 +236,17 @@ class Registry:
             for hop in other.hops:
                 sessions, tokens = in_use.get(hop.node.node_id, (0, 0))
                 in_use[hop.node.node_id] = (sessions + 1, tokens + other.expected_tokens)
-        nodes, candidates = {}, []
+        nodes, candidates, full = {}, [], []
         for node in self._live_nodes(session.model):
             info, cap = node.info, node.info.capacity or tt.Capacity()
             ban = self._bans.get(info.node_id)
             sessions, tokens = in_use.get(info.node_id, (0, 0))
             if (node.admission != tt.Admission.ROUTABLE or node.draining or info.node_id in session.avoid
-                    or (ban is not None and ban.until > now)
-                    or (cap.max_sessions and sessions >= cap.max_sessions)
+                    or (ban is not None and ban.until > now)):
+                continue
+            if ((cap.max_sessions and sessions >= cap.max_sessions)
                     or (cap.kv_tokens and tokens + session.expected_tokens > cap.kv_tokens)):
+                full.append(_candidate(node, sessions))
                 continue
             nodes[info.node_id] = info
             candidates.append(_candidate(node, sessions))
@@ -255,8 +257,12 @@ class Registry:
             if session.epoch > 1:  # keep the session (its old epoch stays fenced) with no route
                 session.hops = ()
                 self._sessions[session_id] = session
-            return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (),
-                                 tuple(tt.LayerRange(s, e) for s, e in err.uncovered))
+            gaps = tuple(tt.LayerRange(s, e) for s, e in err.uncovered)
+            if full and not routing.uncovered_ranges(candidates + full, model.n_layer):
+                status = _error(StatusCode.RESOURCE_EXHAUSTED, f"the nodes serving layers "
+                                f"{routing.describe_layers(err.uncovered)} are all at capacity", True)
+                return tt.RouteReply(status, route, (), gaps)
+            return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (), gaps)
         session.hops = tuple(tt.Hop(nodes[h.node_id], tt.LayerRange(h.start, h.end)) for h in hops)
         self._sessions[session_id] = session
         return tt.RouteReply(OK, route, session.hops)

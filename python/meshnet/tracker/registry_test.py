@@ -145,11 +145,11 @@ def test_capacity_limits_routes(registry):
     ok = [registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=100)) for _ in range(2)]
     assert all(r.status.ok for r in ok)
     full = registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=100))
-    assert full.status.code == StatusCode.UNAVAILABLE
+    assert full.status.code == StatusCode.RESOURCE_EXHAUSTED and "at capacity" in full.status.message
     registry.close_route(ok[0].session)
     assert registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=100)).status.ok
     too_big = registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=5000))
-    assert too_big.status.code == StatusCode.UNAVAILABLE
+    assert too_big.status.code == StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_bad_route_requests(registry):

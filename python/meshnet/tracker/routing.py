@@ -41,8 +41,12 @@ class NoRouteError(Exception):
 
     def __init__(self, uncovered: list[tuple[int, int]]) -> None:
         self.uncovered = uncovered
-        names = ", ".join(f"{s}..{e - 1}" if e - s > 1 else str(s) for s, e in uncovered)
-        super().__init__(f"no route: layers {names} are not covered by any available node")
+        super().__init__(f"no route: layers {describe_layers(uncovered)} are not covered by any available node")
+
+
+def describe_layers(ranges: Sequence[tuple[int, int]]) -> str:
+    """[(10, 20), (25, 26)] -> "10..19, 25"."""
+    return ", ".join(f"{s}..{e - 1}" if e - s > 1 else str(s) for s, e in ranges)
 
 
 def hop_cost(c: Candidate, start: int) -> float:

@@ -146,6 +146,13 @@ class SampledToken:
 
 
 @dataclasses.dataclass(frozen=True)
+class DownstreamHop:
+    node_id: str
+    address: str  # host:port of its Shard service
+    range: Optional[ShardRange]
+
+
+@dataclasses.dataclass(frozen=True)
 class SeamFrame:
     version: Optional[ProtocolVersion]
     session: Optional[RouteSession]
@@ -160,6 +167,7 @@ class SeamFrame:
     budget_ms: int = 0  # time left for the step when sent; 0 = none
     sampling: Optional[SamplingParams] = None
     fragment: Optional[TensorFragment] = None
+    downstream: tuple[DownstreamHop, ...] = ()  # hops after the receiver (first frame of an epoch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +179,12 @@ class SeamReply:
     cache: Optional[CacheState] = None
     status: Optional[Status] = None
     replayed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultsRequest:
+    version: Optional[ProtocolVersion]
+    session: Optional[RouteSession]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,61 @@
+"""Certification: the tracker's entry for a model served under one runtime recipe.
+
+  python -m meshnet.recipe.certify --gguf PATH --model NAME --backend reference [--append models.json]
+
+prints (or appends to the tracker's --models file) {"model", "architecture", "n_layer",
+"artifact_fingerprint", "recipe_fingerprint"}. Nodes compute the same two fingerprints with
+`node_fingerprints`, so a node is admitted only when it serves the certified bytes the
+certified way. Invariant: certify and node_fingerprints use one recipe definition (`recipe_of`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from meshnet.recipe.fingerprint import GgufSummary, artifact_fingerprint, gguf_summary
+from meshnet.recipe.recipe import RuntimeRecipe, recipe_for
+
+# What each backend runs, besides the artifact: wire dtype, KV dtype, runtime identity.
+BACKEND_DEFAULTS = {
+    "reference": {"activation_dtype": "f32", "kv_dtype": "f32", "patch_level": "transformers-reference-v1"},
+    "gguf": {"activation_dtype": "f32", "kv_dtype": "f16", "patch_level": "llama.cpp@0c1e570"},
+}
+
+
+def recipe_of(summary: GgufSummary, backend: str) -> RuntimeRecipe:
+    if backend not in BACKEND_DEFAULTS:
+        raise ValueError(f"unknown backend {backend!r}; known: {sorted(BACKEND_DEFAULTS)}")
+    return recipe_for(summary, backend, **BACKEND_DEFAULTS[backend])
+
+
+def node_fingerprints(gguf: str | Path, backend: str) -> tuple[GgufSummary, str, str]:
+    """(summary, artifact fingerprint, recipe fingerprint) of serving `gguf` with `backend`."""
+    summary = gguf_summary(gguf)
+    return summary, artifact_fingerprint(gguf), recipe_of(summary, backend).fingerprint()
+
+
+def certify(gguf: str | Path, model: str, backend: str) -> dict:
+    summary, artifact, recipe = node_fingerprints(gguf, backend)
+    return {"model": model, "architecture": summary.architecture, "n_layer": summary.n_layer,
+            "artifact_fingerprint": artifact, "recipe_fingerprint": recipe}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Certify a model for a Meshnet tracker.")
+    parser.add_argument("--gguf", required=True, type=Path)
+    parser.add_argument("--model", required=True, help="the name clients ask for")
+    parser.add_argument("--backend", required=True, choices=sorted(BACKEND_DEFAULTS))
+    parser.add_argument("--append", type=Path, help="add (or replace) the entry in this models.json")
+    args = parser.parse_args()
+    entry = certify(args.gguf, args.model, args.backend)
+    if args.append:
+        entries = json.loads(args.append.read_text()) if args.append.exists() else []
+        entries = [e for e in entries if e.get("model") != args.model] + [entry]
+        args.append.write_text(json.dumps(entries, indent=2) + "\n")
+    print(json.dumps(entry, indent=2))
+
+
+if __name__ == "__main__":
+    main()

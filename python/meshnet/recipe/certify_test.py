@@ -1,0 +1,39 @@
+"""Certification entries agree with what a node computes, and differ per backend."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from meshnet.recipe import certify, fixtures
+
+
+@pytest.fixture
+def gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHNET_FINGERPRINT_CACHE", str(tmp_path / "cache.json"))
+    return fixtures.write_tiny_llama(tmp_path / "tiny.gguf")
+
+
+def test_entry_matches_node_fingerprints(gguf):
+    entry = certify.certify(gguf, "tiny", "reference")
+    summary, artifact, recipe = certify.node_fingerprints(gguf, "reference")
+    assert entry == {"model": "tiny", "architecture": "llama", "n_layer": summary.n_layer,
+                     "artifact_fingerprint": artifact, "recipe_fingerprint": recipe}
+    assert certify.certify(gguf, "tiny", "gguf")["recipe_fingerprint"] != recipe
+    with pytest.raises(ValueError):
+        certify.certify(gguf, "tiny", "tensorrt")
+
+
+def test_cli_appends_and_replaces(gguf, tmp_path):
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps([{"model": "other"}, {"model": "tiny", "stale": True}]))
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "meshnet.recipe.certify", "--gguf", str(gguf), "--model", "tiny",
+                        "--backend", "reference", "--append", str(models)], check=False, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+                                MESHNET_FINGERPRINT_CACHE=str(tmp_path / "c.json")))
+        assert proc.returncode == 0, proc.stderr
+    entries = json.loads(models.read_text())
+    assert [e["model"] for e in entries] == ["other", "tiny"] and "stale" not in entries[1]

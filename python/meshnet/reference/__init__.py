@@ -1,0 +1,1 @@
+"""The Transformers reference shard: the correctness and performance baseline backend."""
