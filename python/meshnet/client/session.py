@@ -148,9 +148,13 @@ class RouteSession:
                     yield token
                 self._finish(conn)
                 return
+            except GeneratorExit:  # the caller stopped iterating: release the route everywhere
+                self._finish(conn)
+                raise
             except _HopFailure as failure:
                 conn.close()
                 if self._cancelled.is_set():
+                    self._tracker.close_route(conn.route)
                     return
                 if failure.status.code in (StatusCode.RESOURCE_EXHAUSTED, StatusCode.INVALID_ARGUMENT,
                                            StatusCode.VERSION_MISMATCH, StatusCode.FINGERPRINT_MISMATCH):

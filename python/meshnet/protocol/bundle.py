@@ -183,9 +183,9 @@ class Reassembler:
         self._bundle_id = fragment.bundle_id
         self._count = fragment.count
         self._slice = len(fragment.data)
-        if fragment.count > 1 and self._slice * (fragment.count - 1) >= fragment.header.wire_bytes:
-            raise invalid(f"bundle {fragment.bundle_id}: {fragment.count} slices of {self._slice} bytes overrun "
-                          f"{fragment.header.wire_bytes} wire bytes")
+        if self._slice == 0 or fragment.count != -(-fragment.header.wire_bytes // self._slice):
+            raise invalid(f"bundle {fragment.bundle_id}: {fragment.count} fragments of {self._slice} bytes do not "
+                          f"slice {fragment.header.wire_bytes} wire bytes canonically (truncated or overrun)")
         self._wire = bytearray(fragment.header.wire_bytes)
 
     def _store(self, fragment: TensorFragment) -> None:
