@@ -20,7 +20,7 @@ def gguf() -> Path:
 def test_greedy_continuation_names_paris(gguf):
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.eval()
     assert model.config.num_hidden_layers == 30
     assert model.config.hidden_size == 576

@@ -9,12 +9,8 @@ stops. Exit status 2 when the tracker refuses the node (the reason is logged).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
 import socket
 import sys
-import threading
 import time
 from concurrent import futures
 from pathlib import Path
@@ -22,6 +18,7 @@ from pathlib import Path
 import grpc
 import torch
 
+from meshnet.process import log, read_secret, stop_on_signals, write_port_file
 from meshnet.protocol import diag
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import node_fingerprints
@@ -32,10 +29,6 @@ from meshnet.shard.v1 import shard_pb2_grpc
 from meshnet.types import tracker as tt
 from meshnet.types.ids import NodeId
 from meshnet.types.seam import Fingerprints, ProtocolVersion
-
-
-def log(event: str, **fields) -> None:
-    print(json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str), file=sys.stderr, flush=True)
 
 
 def parse_layers(text: str) -> tuple[int, int]:
@@ -67,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.backend == "gguf":
         parser.error("--backend gguf needs the native shard worker, which is not built yet; use --backend reference")
-    secret = args.secret_file.read_text().strip() if args.secret_file else os.environ.get("MESHNET_SWARM_SECRET", "")
+    secret = read_secret(args.secret_file)
     if not secret:
         parser.error("a swarm secret is required: --secret-file or $MESHNET_SWARM_SECRET")
     if not args.gguf.is_file():
@@ -100,14 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if not reply.status.ok or reply.admission == tt.Admission.REFUSED:
         server.stop(None)
         return 2
-    if args.port_file:
-        tmp = args.port_file.with_suffix(".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(args.port_file)
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    write_port_file(args.port_file, port)
+    stop = stop_on_signals()
     while not stop.wait(args.heartbeat_seconds):
         sessions, tokens = engine.stats()
         beat = tracker.heartbeat(NodeId(node_id), tt.Load(active_sessions=sessions, kv_cells_used=tokens,

@@ -29,7 +29,7 @@ from meshnet.types.status import StatusCode
 def load_model(gguf: str | Path) -> nn.Module:
     """The whole model from a GGUF file (dequantized to fp32), for shards and baselines."""
     path = Path(gguf).resolve()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, torch_dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
                                                  attn_implementation="sdpa")
     return model.eval()
 

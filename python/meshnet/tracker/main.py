@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import threading
 from pathlib import Path
 
+from meshnet.process import log, read_secret, stop_on_signals, write_port_file
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.tracker.service import log, serve
+from meshnet.tracker.service import serve
 
 
 def load_models(path: Path) -> list[CertifiedModel]:
@@ -40,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     args = parser.parse_args(argv)
 
-    secret = args.secret_file.read_text().strip() if args.secret_file else os.environ.get("MESHNET_SWARM_SECRET", "")
+    secret = read_secret(args.secret_file)
     if not secret:
         parser.error("a swarm secret is required: --secret-file or $MESHNET_SWARM_SECRET")
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -53,14 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     server, port = serve(registry, ledger, args.listen, secret, tls=tls)
     log("listening", address=args.listen, port=port, db=str(args.db), models=[m.model for m in models],
         tls=tls is not None)
-    if args.port_file:
-        tmp = args.port_file.with_suffix(".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(args.port_file)
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    write_port_file(args.port_file, port)
+    stop = stop_on_signals()
     stop.wait()
     log("stopping")
     server.stop(grace=5).wait()

@@ -9,14 +9,12 @@ converted back. Bad input becomes a structured Status in the reply; the server k
 from __future__ import annotations
 
 import hmac
-import json
-import sys
-import time
 from concurrent import futures
 from typing import Any, Callable, Optional
 
 import grpc
 
+from meshnet.process import log
 from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.ledger import Ledger
@@ -26,11 +24,6 @@ from meshnet.types import tracker as tt
 from meshnet.types.status import Status, StatusCode
 
 AUTH_METADATA = "authorization"
-
-
-def log(event: str, **fields: Any) -> None:
-    """One structured line per event on stderr."""
-    print(json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str), file=sys.stderr, flush=True)
 
 
 class _SwarmAuth(grpc.ServerInterceptor):

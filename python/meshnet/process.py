@@ -1,0 +1,40 @@
+"""Process plumbing shared by every role's main(): JSON-line logs, the swarm secret, the port
+file that tells a launcher where a server listens, and a stop event set by SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+
+def log(event: str, **fields: Any) -> None:
+    """One structured line per event on stderr."""
+    print(json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str), file=sys.stderr, flush=True)
+
+
+def read_secret(secret_file: Optional[Path]) -> str:
+    """The swarm secret from a file, else $MESHNET_SWARM_SECRET ('' if neither)."""
+    return secret_file.read_text().strip() if secret_file else os.environ.get("MESHNET_SWARM_SECRET", "")
+
+
+def write_port_file(path: Optional[Path], port: int) -> None:
+    """Atomically writes the bound port (launchers poll for the file)."""
+    if path is None:
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(port))
+    tmp.replace(path)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set on SIGTERM or SIGINT; call from the main thread."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
