@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--heartbeat-seconds", type=float, default=2.0)
     parser.add_argument("--drain-seconds", type=float, default=30.0)
+    parser.add_argument("--session-idle-seconds", type=float, default=300.0,
+                        help="free a session that sent nothing for this long")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once registered")
     args = parser.parse_args(argv)
     if args.backend == "gguf":
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     host = args.listen.rsplit(":", 1)[0]
     port = server.add_insecure_port(args.listen)
     node_id = args.node_id or f"{socket.gethostname()}-{port}"
-    shard = ShardServer(engine, node_id, Fingerprints(artifact, recipe))
+    shard = ShardServer(engine, node_id, Fingerprints(artifact, recipe), idle_seconds=args.session_idle_seconds)
     shard_pb2_grpc.add_ShardServicer_to_server(shard, server)
     diag.add_to_server(server, node_id)
     server.start()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
+import time
 from typing import Iterator, Optional
 
 import grpc
@@ -41,6 +42,7 @@ class _Session:
     sampler: Optional[Sampler] = None
     last_step: int = 0
     last_reply: Optional[t.SeamReply] = None
+    last_active: float = dataclasses.field(default_factory=time.monotonic)
     reassembler: bundle.Reassembler = dataclasses.field(default_factory=bundle.Reassembler)
 
 
@@ -78,14 +80,28 @@ class _Downstream:
 
 
 class ShardServer(shard_pb2_grpc.ShardServicer):
-    def __init__(self, engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints] = None) -> None:
+    def __init__(self, engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints] = None,
+                 idle_seconds: float = 300.0) -> None:
         self.engine = engine
         self.node_id = node_id
         self.fingerprints = fingerprints
+        self.idle_seconds = idle_seconds  # a session with no frame for this long is freed
         self._lock = threading.Lock()
         self._sessions: dict[tuple[str, int], _Session] = {}
         self._epochs: dict[str, int] = {}
         self._results: dict[tuple[str, int], queue.Queue] = {}
+        threading.Thread(target=self._reap_idle, daemon=True).start()
+
+    def _reap_idle(self) -> None:
+        """Frees sessions whose client vanished without release or stream loss (deadline)."""
+        while True:
+            time.sleep(min(1.0, self.idle_seconds / 4))
+            now = time.monotonic()
+            with self._lock:
+                idle = [k for k, s in self._sessions.items() if now - s.last_active > self.idle_seconds]
+            for key in idle:
+                self._end(key, t.FinishReason.ERROR, Status(StatusCode.DEADLINE_EXCEEDED,
+                                                            f"session idle for over {self.idle_seconds:g}s"))
 
     # ---- unary ------------------------------------------------------------------------------
 
@@ -181,6 +197,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         if frame.phase not in (t.Phase.PREFILL, t.Phase.DECODE):
             return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT, f"unknown phase {frame.phase}"))
         session = self._session(key, frame, replies, owned)
+        session.last_active = time.monotonic()
         if frame.step <= session.last_step:
             if frame.step == session.last_step and session.last_reply is not None:
                 return dataclasses.replace(session.last_reply, replayed=True)

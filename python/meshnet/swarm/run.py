@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.text import stream_text
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm
@@ -34,6 +35,7 @@ def main() -> int:
     parser.add_argument("--n-layer", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--backend", default="reference", choices=["reference"])
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     args = parser.parse_args()
     if args.gguf is None or not Path(args.gguf).is_file():
         parser.error("--gguf PATH is required (bazel run sets the bundled model)")
@@ -52,13 +54,19 @@ def main() -> int:
                 session = RouteSession(tracker, swarm.model, client_id="swarm-run")
                 ids = tokenizer(prompt)["input_ids"]
                 print(prompt, end="", flush=True)
-                begun, tokens, text = time.perf_counter(), [], ""
-                for token in session.generate(ids, GenerationParams(max_tokens=args.max_tokens,
-                                                                    stop_token_ids=(tokenizer.eos_token_id,))):
-                    tokens.append(token)
-                    full = tokenizer.decode(tokens, skip_special_tokens=True)
-                    print(full[len(text):], end="", flush=True)
-                    text = full
+                begun, tokens = time.perf_counter(), []
+
+                def counted():
+                    for token in session.generate(ids, GenerationParams(max_tokens=args.max_tokens,
+                                                                        stop_token_ids=(tokenizer.eos_token_id,))):
+                        tokens.append(token)
+                        yield token
+
+                def decode(ids_so_far: list[int]) -> str:
+                    return tokenizer.decode(ids_so_far, skip_special_tokens=True)
+
+                for piece in stream_text(counted(), decode, args.stop):
+                    print(piece, end="", flush=True)
                 elapsed = time.perf_counter() - begun
         decode_s = elapsed - (session.ttft or 0)
         rate = (len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else 0.0
