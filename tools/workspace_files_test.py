@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,8 +38,9 @@ def test_module_bazel_carries_the_workspace_pins():
 def test_module_bazel_carries_the_patch_series():
     series = _constants(ROOT / "third_party" / "llama_cpp" / "patches.bzl")["LLAMA_CPP_PATCHES"]
     module = (ROOT / "MODULE.bazel").read_text()
-    line = next(l for l in module.splitlines() if l.strip().startswith("patches ="))
-    listed = ast.literal_eval(line.split("=", 1)[1].strip().rstrip(","))
+    match = re.search(r"^\s*patches = (\[.*?\])", module, re.MULTILINE | re.DOTALL)
+    assert match, "MODULE.bazel has no patches = [...] for llama_cpp"
+    listed = ast.literal_eval(match.group(1))
     assert listed == series
 
 
