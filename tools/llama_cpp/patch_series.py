@@ -69,7 +69,7 @@ def check_applies(pin_archive: Path, pin_tree: str, patches: Sequence[Path]) -> 
         subjects = []
         for patch in patches:
             try:
-                _git(tree, "am", "--quiet", "--keep-cr", str(patch))
+                _git(tree, "am", "--quiet", "--keep-cr", str(Path(patch).resolve()))
             except SeriesError as err:
                 raise SeriesError(f"{patch.name} does not apply to the pin plus the patches before it: {err}") from err
             subjects.append(_git(tree, "log", "-1", "--format=%s"))

@@ -1,0 +1,315 @@
+// See engine.h. The only file of the worker that calls llama.cpp.
+#include "engine.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "gguf.h"
+#include "llama-ext.h"
+#include "llama-model.h"  // llama_internal_get_tensor_map (weight accounting)
+#include "llama.h"
+
+namespace meshnet::engine {
+namespace {
+
+// llama.cpp logs through one process-wide callback. Errors are kept (per thread) so a failed
+// load or decode can say why; everything below WARN is dropped unless MESHNET_LLAMA_LOG=1.
+thread_local std::string g_last_llama_error;
+
+void LogCallback(ggml_log_level level, const char* text, void*) {
+  static const bool verbose = std::getenv("MESHNET_LLAMA_LOG") != nullptr;
+  if (level == GGML_LOG_LEVEL_ERROR) {
+    g_last_llama_error += text;
+  }
+  if (verbose || level == GGML_LOG_LEVEL_ERROR) {
+    std::fputs(text, stderr);
+  }
+}
+
+void InitBackendOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llama_log_set(LogCallback, nullptr);
+    llama_backend_init();
+  });
+}
+
+std::string TakeLlamaError() {
+  std::string text = std::move(g_last_llama_error);
+  g_last_llama_error.clear();
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+// Reads general.architecture and the expert count from the GGUF header (no tensor data).
+bool CheckArchitecture(const std::string& path, std::string* error) {
+  gguf_init_params params = {/*no_alloc=*/true, /*ctx=*/nullptr};
+  gguf_context* gguf = gguf_init_from_file(path.c_str(), params);
+  if (gguf == nullptr) {
+    *error = "cannot read GGUF header of " + path;
+    return false;
+  }
+  std::string arch;
+  const int64_t arch_key = gguf_find_key(gguf, "general.architecture");
+  if (arch_key >= 0 && gguf_get_kv_type(gguf, arch_key) == GGUF_TYPE_STRING) {
+    arch = gguf_get_val_str(gguf, arch_key);
+  }
+  uint32_t n_expert = 0;
+  const int64_t expert_key = gguf_find_key(gguf, (arch + ".expert_count").c_str());
+  if (expert_key >= 0 && gguf_get_kv_type(gguf, expert_key) == GGUF_TYPE_UINT32) {
+    n_expert = gguf_get_val_u32(gguf, expert_key);
+  }
+  gguf_free(gguf);
+  if (arch != "llama") {
+    *error = "unsupported architecture '" + arch + "' in " + path +
+             ": the shard engine supports dense llama only";
+    return false;
+  }
+  if (n_expert > 0) {
+    *error = "unsupported model " + path + ": llama with " + std::to_string(n_expert) +
+             " experts (the shard engine supports dense llama only)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// ---- Model ----
+
+std::unique_ptr<Model> Model::Open(const ModelOptions& options, std::string* error) {
+  InitBackendOnce();
+  if (!CheckArchitecture(options.path, error)) return nullptr;
+
+  llama_model_params params = llama_model_default_params();
+  params.layer_start = options.layer_start;
+  params.layer_end = options.layer_end;
+  params.load_mode = options.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+  params.n_gpu_layers = options.n_gpu_layers;
+  TakeLlamaError();
+  llama_model* model = llama_model_load_from_file(options.path.c_str(), params);
+  if (model == nullptr) {
+    const std::string why = TakeLlamaError();
+    *error = "cannot load layers [" + std::to_string(options.layer_start) + ", " +
+             std::to_string(options.layer_end) + ") of " + options.path +
+             (why.empty() ? "" : ": " + why);
+    return nullptr;
+  }
+  return std::unique_ptr<Model>(new Model(model));
+}
+
+Model::Model(llama_model* model) : model_(model), owner_(std::this_thread::get_id()) {}
+
+Model::~Model() {
+  CheckThread();
+  llama_model_free(model_);
+}
+
+void Model::CheckThread() const {
+  if (std::this_thread::get_id() != owner_) {
+    std::fprintf(stderr, "meshnet engine: Model used off its owning thread\n");
+    std::abort();
+  }
+}
+
+int Model::n_layer() const { return llama_model_n_layer(model_); }
+int Model::layer_start() const { return llama_model_layer_start(model_); }
+int Model::layer_end() const { return llama_model_layer_end(model_); }
+int Model::n_embd() const { return llama_model_n_embd(model_); }
+int Model::n_vocab() const { return llama_vocab_n_tokens(llama_model_get_vocab(model_)); }
+
+size_t Model::weight_bytes() const {
+  std::set<const ggml_tensor*> seen;
+  size_t total = 0;
+  for (const auto& [name, tensor] : llama_internal_get_tensor_map(model_)) {
+    if (seen.insert(tensor).second) total += ggml_nbytes(tensor);
+  }
+  return total;
+}
+
+std::vector<int32_t> Model::Tokenize(const std::string& text, bool add_special) const {
+  CheckThread();
+  const llama_vocab* vocab = llama_model_get_vocab(model_);
+  std::vector<llama_token> tokens(text.size() + 8);
+  int n = llama_tokenize(vocab, text.c_str(), static_cast<int32_t>(text.size()), tokens.data(),
+                         static_cast<int32_t>(tokens.size()), add_special, /*parse_special=*/true);
+  if (n < 0) {
+    tokens.resize(-n);
+    n = llama_tokenize(vocab, text.c_str(), static_cast<int32_t>(text.size()), tokens.data(),
+                       static_cast<int32_t>(tokens.size()), add_special, true);
+  }
+  tokens.resize(n < 0 ? 0 : n);
+  return std::vector<int32_t>(tokens.begin(), tokens.end());
+}
+
+// ---- Batch ----
+
+void Batch::AddToken(int32_t seq, int32_t pos, int32_t token, bool output) {
+  seq_.push_back(seq);
+  pos_.push_back(pos);
+  tokens_.push_back(token);
+  output_.push_back(output ? 1 : 0);
+}
+
+void Batch::AddHidden(int32_t seq, int32_t pos, const float* hidden, int n_embd, bool output) {
+  n_embd_ = n_embd;
+  seq_.push_back(seq);
+  pos_.push_back(pos);
+  hidden_.insert(hidden_.end(), hidden, hidden + n_embd);
+  output_.push_back(output ? 1 : 0);
+}
+
+void Batch::Clear() {
+  seq_.clear();
+  pos_.clear();
+  tokens_.clear();
+  hidden_.clear();
+  output_.clear();
+  n_embd_ = 0;
+}
+
+// ---- Context ----
+
+std::unique_ptr<Context> Context::Create(Model& model, const ContextOptions& options,
+                                         std::string* error) {
+  llama_context_params params = llama_context_default_params();
+  params.n_ctx = options.n_ctx;
+  params.n_batch = options.n_batch;
+  params.n_ubatch = options.n_ubatch;
+  params.n_seq_max = options.n_seq;
+  params.n_threads = options.n_threads;
+  params.n_threads_batch = options.n_threads;
+  params.kv_unified = true;  // one KV stream: any mix of prefill and decode rows per batch
+  params.no_perf = true;
+  // A non-last shard reads every row's residual back (the graph emits it as t_embd).
+  params.embeddings = !model.owns_output();
+  params.pooling_type = LLAMA_POOLING_TYPE_NONE;
+  TakeLlamaError();
+  llama_context* ctx = llama_init_from_model(model.raw(), params);
+  if (ctx == nullptr) {
+    const std::string why = TakeLlamaError();
+    *error = "cannot create a context" + (why.empty() ? std::string() : ": " + why);
+    return nullptr;
+  }
+  return std::unique_ptr<Context>(new Context(model, ctx));
+}
+
+Context::Context(Model& model, llama_context* ctx)
+    : model_(model), ctx_(ctx), owner_(std::this_thread::get_id()) {}
+
+Context::~Context() {
+  CheckThread();
+  llama_free(ctx_);
+}
+
+void Context::CheckThread() const {
+  if (std::this_thread::get_id() != owner_) {
+    std::fprintf(stderr, "meshnet engine: Context used off its owning thread\n");
+    std::abort();
+  }
+}
+
+bool Context::Decode(const Batch& batch, std::string* error) {
+  CheckThread();
+  const int n = batch.size();
+  if (n == 0) {
+    *error = "empty batch";
+    return false;
+  }
+  const bool tokens = batch.has_tokens();
+  if (tokens != model_.owns_input()) {
+    *error = tokens ? "token rows sent to a shard that starts at layer " +
+                          std::to_string(model_.layer_start()) + " (it takes hidden states)"
+                    : "hidden rows sent to the first shard (it takes token ids)";
+    return false;
+  }
+  if (!tokens && batch.n_embd_ != model_.n_embd()) {
+    *error = "hidden rows of width " + std::to_string(batch.n_embd_) + ", the model has n_embd " +
+             std::to_string(model_.n_embd());
+    return false;
+  }
+
+  llama_batch b = llama_batch_init(n, tokens ? 0 : batch.n_embd_, 1);
+  b.n_tokens = n;
+  for (int i = 0; i < n; ++i) {
+    if (tokens) b.token[i] = batch.tokens_[i];
+    b.pos[i] = batch.pos_[i];
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = batch.seq_[i];
+    // a non-last shard outputs every row (embeddings mode); the flags matter on the last one
+    b.logits[i] = model_.owns_output() ? batch.output_[i] : 1;
+  }
+  if (!tokens) {
+    std::memcpy(b.embd, batch.hidden_.data(), batch.hidden_.size() * sizeof(float));
+  }
+  TakeLlamaError();
+  const int ret = llama_decode(ctx_, b);
+  llama_batch_free(b);
+  if (ret == 0) return true;
+
+  // 2 and < -1: earlier ubatches of this batch stay in the KV; take them out again.
+  if (ret == 2 || ret < -1) {
+    std::set<std::pair<int32_t, int32_t>> first;  // (seq, lowest pos)
+    for (int i = 0; i < n; ++i) {
+      const int32_t s = batch.seq_[i];
+      int32_t p = batch.pos_[i];
+      for (int j = 0; j < n; ++j) {
+        if (batch.seq_[j] == s && batch.pos_[j] < p) p = batch.pos_[j];
+      }
+      first.insert({s, p});
+    }
+    for (const auto& [s, p] : first) llama_memory_seq_rm(llama_get_memory(ctx_), s, p, -1);
+  }
+  const std::string why = TakeLlamaError();
+  *error = "llama_decode returned " + std::to_string(ret) + (why.empty() ? "" : ": " + why);
+  return false;
+}
+
+const float* Context::Hidden(int row) const {
+  CheckThread();
+  return model_.owns_output() ? nullptr : llama_get_embeddings_ith(ctx_, row);
+}
+
+const float* Context::Logits(int row) const {
+  CheckThread();
+  return model_.owns_output() ? llama_get_logits_ith(ctx_, row) : nullptr;
+}
+
+bool Context::RemoveFrom(int32_t seq, int32_t pos) {
+  CheckThread();
+  return llama_memory_seq_rm(llama_get_memory(ctx_), seq, pos, -1);
+}
+
+void Context::Release(int32_t seq) {
+  CheckThread();
+  llama_memory_seq_rm(llama_get_memory(ctx_), seq, -1, -1);
+}
+
+int32_t Context::PosMax(int32_t seq) const {
+  CheckThread();
+  return llama_memory_seq_pos_max(llama_get_memory(ctx_), seq);
+}
+
+size_t Context::kv_bytes() const {
+  CheckThread();
+  size_t total = 0;
+  for (const auto& [buft, data] : llama_get_memory_breakdown(ctx_)) total += data.context;
+  return total;
+}
+
+size_t CurrentRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace meshnet::engine

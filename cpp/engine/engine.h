@@ -1,0 +1,139 @@
+// The shard engine: a small C++ API over the patched llama.cpp (third_party/llama_cpp/patches).
+//
+// A Model is the layer range [layer_start, layer_end) of a dense Llama GGUF; a Context holds
+// the KV of that range for up to n_seq sequences (one per session). One Decode runs one batch of
+// rows from many sessions: token ids on the first shard (layer_start == 0), hidden states
+// (the residual stream entering layer_start, n_embd floats per row) on every other shard. After
+// Decode, a non-last shard exposes every row's residual leaving layer_end - 1 (before the final
+// norm), which is the next shard's input; the last shard exposes logits for rows marked output.
+//
+// Invariants: a shard chain [0,a), [a,b), [b,n) fed the same rows (same seq, pos, order) gives
+// the same logits as the whole model (see engine_test.cc for the measured exactness). Any
+// architecture other than dense llama is refused at Open with a message naming it.
+//
+// Threading: a Model and its Contexts belong to one thread, the engine thread; every method
+// must be called on the thread that created the object (checked, aborts otherwise). No
+// protobuf types here; the worker's service layer converts.
+#ifndef MESHNET_CPP_ENGINE_ENGINE_H_
+#define MESHNET_CPP_ENGINE_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct llama_context;
+struct llama_model;
+
+namespace meshnet::engine {
+
+struct ModelOptions {
+  std::string path;       // a dense llama GGUF
+  int layer_start = 0;    // first owned layer
+  int layer_end = -1;     // one past the last owned layer; -1: the model's last layer
+  bool use_mmap = true;   // false: read the owned tensors into allocated memory
+  int n_gpu_layers = 0;   // layers offloaded to a GPU backend when one is linked (0: CPU)
+};
+
+class Model {
+ public:
+  // Loads the range; nullptr with `*error` set when the file, the architecture or the range is
+  // not acceptable.
+  static std::unique_ptr<Model> Open(const ModelOptions& options, std::string* error);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  int n_layer() const;      // layers of the whole model
+  int layer_start() const;  // owned range [layer_start, layer_end)
+  int layer_end() const;
+  bool owns_input() const { return layer_start() == 0; }            // token embeddings
+  bool owns_output() const { return layer_end() == n_layer(); }     // final norm and head
+  int n_embd() const;
+  int n_vocab() const;
+  // Bytes of the weight tensors this shard holds (a tied head counts on the last shard).
+  size_t weight_bytes() const;
+
+  std::vector<int32_t> Tokenize(const std::string& text, bool add_special) const;
+
+  llama_model* raw() const { return model_; }
+
+ private:
+  explicit Model(llama_model* model);
+  void CheckThread() const;
+
+  llama_model* model_;
+  std::thread::id owner_;
+};
+
+struct ContextOptions {
+  int n_seq = 1;          // concurrent sequences (sessions), <= 256
+  int n_ctx = 2048;       // KV cells, shared by all sequences (unified KV)
+  int n_batch = 512;      // most rows per Decode
+  int n_ubatch = 512;     // rows per graph run
+  int n_threads = 2;
+};
+
+// Rows of one Decode: all token rows (first shard) or all hidden rows (other shards).
+class Batch {
+ public:
+  void AddToken(int32_t seq, int32_t pos, int32_t token, bool output);
+  // `hidden` holds n_embd floats; every hidden row of a batch has the same width.
+  void AddHidden(int32_t seq, int32_t pos, const float* hidden, int n_embd, bool output);
+  int size() const { return static_cast<int>(seq_.size()); }
+  bool has_tokens() const { return !tokens_.empty(); }
+  void Clear();
+
+ private:
+  friend class Context;
+  std::vector<int32_t> seq_, pos_, tokens_;
+  std::vector<float> hidden_;
+  std::vector<int8_t> output_;
+  int n_embd_ = 0;
+};
+
+class Context {
+ public:
+  static std::unique_ptr<Context> Create(Model& model, const ContextOptions& options,
+                                         std::string* error);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // Runs the batch through the owned layers; true on success, else `*error` is set. On
+  // failure no row of this batch stays in the KV.
+  bool Decode(const Batch& batch, std::string* error);
+  // Row `row` of the last Decode, valid until the next Decode: the residual leaving
+  // layer_end - 1 (n_embd floats; non-last shard, every row) or logits (n_vocab floats; last
+  // shard, rows added with output = true).
+  const float* Hidden(int row) const;
+  const float* Logits(int row) const;
+
+  // Forgets sequence `seq` from position `pos` on (pos 0: everything).
+  bool RemoveFrom(int32_t seq, int32_t pos);
+  // Frees sequence `seq` for reuse by another session.
+  void Release(int32_t seq);
+  // Highest position held for `seq`, -1 when empty.
+  int32_t PosMax(int32_t seq) const;
+
+  size_t kv_bytes() const;  // KV cache memory of this context
+
+  const Model& model() const { return model_; }
+
+ private:
+  Context(Model& model, llama_context* ctx);
+  void CheckThread() const;
+
+  Model& model_;
+  llama_context* ctx_;
+  std::thread::id owner_;
+};
+
+// Resident set size of this process (VmRSS), bytes.
+size_t CurrentRssBytes();
+
+}  // namespace meshnet::engine
+
+#endif  // MESHNET_CPP_ENGINE_ENGINE_H_
