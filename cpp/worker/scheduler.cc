@@ -1,0 +1,245 @@
+#include "cpp/worker/scheduler.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+namespace meshnet::worker {
+
+using protocol::Code;
+using protocol::MakeError;
+using protocol::OkStatus;
+using protocol::Status;
+
+std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget,
+                             int max_prefill_chunk) {
+  std::vector<Slice> plan;
+  std::set<int32_t> seqs;
+  int left = budget;
+  for (int pass = 0; pass < 2; ++pass) {  // decode steps, then prefill chunks
+    for (int i = 0; i < static_cast<int>(pending.size()) && left > 0; ++i) {
+      const PendingView& view = pending[i];
+      if (view.decode != (pass == 0) || view.rows_left <= 0 || seqs.count(view.seq)) continue;
+      int count = std::min(view.rows_left, left);
+      if (!view.decode) count = std::min(count, std::max(1, max_prefill_chunk));
+      plan.push_back({i, count});
+      seqs.insert(view.seq);
+      left -= count;
+    }
+  }
+  return plan;
+}
+
+Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
+  options_.context.n_batch = std::max(options_.context.n_batch, options_.max_batch_tokens);
+  options_.context.n_ubatch = std::max(options_.context.n_ubatch, options_.max_batch_tokens);
+  options_.max_prefill_chunk = std::max(1, options_.max_prefill_chunk);
+  lengths_.assign(std::max(1, options_.context.n_seq), 0);
+}
+
+std::unique_ptr<Scheduler> Scheduler::Start(const SchedulerOptions& options,
+                                            std::string* error) {
+  std::unique_ptr<Scheduler> scheduler(new Scheduler(options));
+  std::promise<bool> opened;
+  std::future<bool> ready = opened.get_future();
+  Scheduler* raw = scheduler.get();
+  scheduler->thread_ = std::thread([raw, error, &opened] { raw->Run(error, &opened); });
+  if (!ready.get()) {
+    scheduler->thread_.join();
+    return nullptr;
+  }
+  return scheduler;
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Scheduler::Submit(WorkItem item) {
+  int rows = 0;
+  if (first()) {
+    if (item.tokens.empty() || !item.hidden.empty()) {
+      return protocol::InvalidArgumentError("the first shard takes token ids");
+    }
+    rows = static_cast<int>(item.tokens.size());
+  } else {
+    if (item.hidden.empty() || !item.tokens.empty() || item.hidden.size() % n_embd_ != 0) {
+      return protocol::InvalidArgumentError("this shard takes hidden rows of " +
+                                            std::to_string(n_embd_) + " floats");
+    }
+    rows = static_cast<int>(item.hidden.size() / n_embd_);
+  }
+  if (item.seq < 0 || item.seq >= static_cast<int32_t>(lengths_.size())) {
+    return protocol::InvalidArgumentError("sequence id out of range");
+  }
+  auto pending = std::make_shared<Pending>();
+  pending->rows = rows;
+  pending->item = std::move(item);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return MakeError(Code::kUnavailable, "worker is draining", true);
+    if (static_cast<int>(pending_.size()) >= options_.max_queue) {
+      return MakeError(Code::kResourceExhausted,
+                       "engine queue full (" + std::to_string(options_.max_queue) + " items)",
+                       true);
+    }
+    pending_.push_back(std::move(pending));
+    stats_.queue_depth = static_cast<int>(pending_.size());
+  }
+  wake_.notify_one();
+  return OkStatus();
+}
+
+void Scheduler::Release(int32_t seq, std::function<void()> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    releases_.emplace_back(seq, std::move(done));
+  }
+  wake_.notify_one();
+}
+
+SchedulerStats Scheduler::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Scheduler::Run(std::string* error, std::promise<bool>* opened) {
+  std::unique_ptr<engine::Model> model = engine::Model::Open(options_.model, error);
+  std::unique_ptr<engine::Context> ctx;
+  if (model != nullptr) ctx = engine::Context::Create(*model, options_.context, error);
+  if (ctx == nullptr) {
+    opened->set_value(false);
+    return;
+  }
+  n_embd_ = model->n_embd();
+  n_vocab_ = model->n_vocab();
+  n_layer_ = model->n_layer();
+  layer_start_ = model->layer_start();
+  layer_end_ = model->layer_end();
+  opened->set_value(true);  // `opened` is gone after this
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [this] { return stopping_ || !pending_.empty() || !releases_.empty(); });
+      if (stopping_ && pending_.empty() && releases_.empty()) break;
+    }
+    Step(*ctx);
+  }
+  ctx.reset();
+  model.reset();
+}
+
+uint64_t Scheduler::KvCells() const {
+  uint64_t cells = 0;
+  for (int32_t length : lengths_) cells += length;
+  return cells;
+}
+
+void Scheduler::Step(engine::Context& ctx) {
+  std::vector<std::pair<int32_t, std::function<void()>>> releases;
+  std::vector<std::shared_ptr<Pending>> cancelled, planned;
+  std::vector<Slice> plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    releases.swap(releases_);
+    for (const auto& [seq, unused] : releases) {
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if ((*it)->item.seq == seq) {
+          cancelled.push_back(*it);
+          it = pending_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    std::vector<PendingView> views;
+    for (const auto& p : pending_) {
+      views.push_back({p->item.seq, p->rows - p->done_rows, p->rows == 1});
+    }
+    plan = PlanBatch(views, options_.max_batch_tokens, options_.max_prefill_chunk);
+    for (const Slice& slice : plan) planned.push_back(pending_[slice.item]);
+    stats_.queue_depth = static_cast<int>(pending_.size());
+  }
+  for (const auto& [seq, unused] : releases) {
+    ctx.Release(seq);
+    lengths_[seq] = 0;
+  }
+  if (!releases.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.kv_cells_used = KvCells();
+  }
+  for (auto& [seq, done] : releases) {
+    if (done) done();
+  }
+  for (const auto& p : cancelled) {
+    p->item.done(MakeError(Code::kCancelled, "sequence released"), {});
+  }
+  if (plan.empty()) return;
+
+  engine::Batch batch;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Pending& p = *planned[i];
+    for (int r = p.done_rows; r < p.done_rows + plan[i].count; ++r) {
+      bool output = !last() || r + 1 == p.rows;
+      if (first()) {
+        batch.AddToken(p.item.seq, p.item.pos + r, p.item.tokens[r], output);
+      } else {
+        batch.AddHidden(p.item.seq, p.item.pos + r, p.item.hidden.data() + size_t(r) * n_embd_,
+                        n_embd_, output);
+      }
+    }
+  }
+  std::string error;
+  bool ok = ctx.Decode(batch, &error);
+  std::vector<std::shared_ptr<Pending>> finished;
+  int row = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Pending& p = *planned[i];
+    if (!ok) {
+      ctx.RemoveFrom(p.item.seq, p.item.pos);
+      lengths_[p.item.seq] = p.item.pos;
+      finished.push_back(planned[i]);
+      continue;
+    }
+    for (int r = 0; r < plan[i].count; ++r, ++row) {
+      if (!last()) {
+        const float* hidden = ctx.Hidden(row);
+        p.out.insert(p.out.end(), hidden, hidden + n_embd_);
+      } else if (p.done_rows + r + 1 == p.rows) {
+        const float* logits = ctx.Logits(row);
+        p.out.assign(logits, logits + n_vocab_);
+      }
+    }
+    p.done_rows += plan[i].count;
+    lengths_[p.item.seq] = p.item.pos + p.done_rows;
+    if (p.done_rows == p.rows) finished.push_back(planned[i]);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& p : finished) {
+      pending_.erase(std::find(pending_.begin(), pending_.end(), p));
+    }
+    stats_.queue_depth = static_cast<int>(pending_.size());
+    stats_.batches += 1;
+    stats_.rows += batch.size();
+    stats_.last_batch_rows = batch.size();
+    stats_.last_batch_items = static_cast<int>(plan.size());
+    stats_.kv_cells_used = KvCells();
+  }
+  for (const auto& p : finished) {
+    if (ok) {
+      p->item.done(OkStatus(), std::move(p->out));
+    } else {
+      p->item.done(MakeError(Code::kInternal, "decode failed: " + error, true), {});
+    }
+  }
+}
+
+}  // namespace meshnet::worker

@@ -1,0 +1,138 @@
+// The scheduler: owns the engine thread (the llama model and context) and runs continuous
+// batching over every session's pending work.
+//
+// gRPC threads Submit work items (one session step: token ids on the first shard, hidden rows
+// on the others) into a bounded queue; the engine thread repeatedly forms ONE batch from all
+// pending items within `max_batch_tokens` (PlanBatch: decode steps first, one row each, then
+// prefill chunks of at most `max_prefill_chunk` rows, oldest first), runs one Decode, and when an
+// item's last row is done hands its output to the item's callback: every row's hidden state
+// (non-last shard) or the logits of its last row (last shard).
+//
+// Invariants: at most one slice of a sequence per batch, and an item's rows enter the KV in
+// order; Submit never waits for room (RESOURCE_EXHAUSTED when `max_queue` items are pending);
+// Release(seq) fails that sequence's pending items with CANCELLED and drops its KV before any
+// later batch. Threading: Submit/Release/Stats/Stop from any thread; callbacks run on the engine
+// thread and must not block or call back into the scheduler.
+#ifndef MESHNET_CPP_WORKER_SCHEDULER_H_
+#define MESHNET_CPP_WORKER_SCHEDULER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpp/engine/engine.h"
+#include "cpp/protocol/status.h"
+
+namespace meshnet::worker {
+
+// ---- batching decisions (pure) --------------------------------------------------------------
+
+struct PendingView {  // one pending item as PlanBatch sees it
+  int32_t seq = 0;
+  int rows_left = 0;    // rows not yet decoded
+  bool decode = false;  // a one-row decode step
+};
+
+struct Slice {  // rows [offset, offset + count) of the item's remaining rows in this batch
+  int item = 0;  // index into the pending list
+  int count = 0;
+};
+
+// Which rows of `pending` (in queue order) go into the next batch: decode items first, then
+// prefill chunks (each <= max_prefill_chunk), never two slices of one seq, at most `budget`
+// rows. Empty only when `pending` is empty or budget <= 0.
+std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget,
+                             int max_prefill_chunk);
+
+// ---- the engine thread ----------------------------------------------------------------------
+
+struct SchedulerOptions {
+  engine::ModelOptions model;
+  engine::ContextOptions context;  // n_batch/n_ubatch are raised to max_batch_tokens
+  int max_batch_tokens = 256;      // rows per Decode
+  int max_prefill_chunk = 128;     // rows of one prefill per Decode (bounds decode latency)
+  int max_queue = 64;              // pending items before Submit refuses
+};
+
+struct WorkItem {
+  int32_t seq = 0;
+  int32_t pos = 0;                   // position of the first row; rows are pos, pos+1, ...
+  std::vector<int32_t> tokens;       // first shard: one per row
+  std::vector<float> hidden;         // other shards: rows * n_embd floats
+  // Engine thread: OK with hidden rows (rows * n_embd) or the last row's logits (n_vocab).
+  std::function<void(const protocol::Status&, std::vector<float>)> done;
+};
+
+struct SchedulerStats {
+  int queue_depth = 0;          // items pending
+  uint64_t batches = 0;         // Decode calls
+  uint64_t rows = 0;            // rows decoded in all
+  int last_batch_rows = 0;      // batch occupancy of the latest Decode
+  int last_batch_items = 0;     // sessions in the latest Decode
+  uint64_t kv_cells_used = 0;   // positions held over all live sequences
+};
+
+class Scheduler {
+ public:
+  // Starts the engine thread, which opens the model and context; nullptr with *error set when
+  // they cannot be opened.
+  static std::unique_ptr<Scheduler> Start(const SchedulerOptions& options, std::string* error);
+  ~Scheduler();  // Stop()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Model facts, fixed after Start.
+  int n_embd() const { return n_embd_; }
+  int n_vocab() const { return n_vocab_; }
+  int n_layer() const { return n_layer_; }
+  int layer_start() const { return layer_start_; }
+  int layer_end() const { return layer_end_; }
+  bool first() const { return layer_start_ == 0; }
+  bool last() const { return layer_end_ == n_layer_; }
+  int n_ctx() const { return options_.context.n_ctx; }
+
+  // Queues one item; RESOURCE_EXHAUSTED (queue full), INVALID_ARGUMENT (wrong row content) or
+  // UNAVAILABLE (stopping) without queueing, in which case `done` is never called.
+  protocol::Status Submit(WorkItem item);
+  // Drops `seq`'s KV on the engine thread, then calls `done` there.
+  void Release(int32_t seq, std::function<void()> done);
+  SchedulerStats Stats() const;
+  // Finishes pending work, then joins the engine thread. Idempotent.
+  void Stop();
+
+ private:
+  struct Pending {
+    WorkItem item;
+    int rows = 0;        // total rows
+    int done_rows = 0;   // rows already decoded
+    std::vector<float> out;
+  };
+
+  explicit Scheduler(const SchedulerOptions& options);
+  void Run(std::string* error, std::promise<bool>* opened);
+  void Step(engine::Context& ctx);   // engine thread only
+  uint64_t KvCells() const;          // engine thread only
+
+  SchedulerOptions options_;
+  int n_embd_ = 0, n_vocab_ = 0, n_layer_ = 0, layer_start_ = 0, layer_end_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Pending>> pending_;
+  std::vector<std::pair<int32_t, std::function<void()>>> releases_;
+  bool stopping_ = false;
+  SchedulerStats stats_;
+  std::vector<int32_t> lengths_;  // engine thread: positions held per seq
+  std::thread thread_;
+};
+
+}  // namespace meshnet::worker
+
+#endif  // MESHNET_CPP_WORKER_SCHEDULER_H_

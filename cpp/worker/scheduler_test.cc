@@ -1,0 +1,220 @@
+// Scheduler: batching decisions (pure) and, on the tiny F32 fixture, that items batched
+// together give the same outputs as each run alone.
+#include "cpp/worker/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "cpp/engine/tiny_llama.h"
+
+namespace meshnet::worker {
+namespace {
+
+using protocol::Code;
+
+std::vector<std::pair<int, int>> Pairs(const std::vector<Slice>& plan) {
+  std::vector<std::pair<int, int>> out;
+  for (const Slice& s : plan) out.emplace_back(s.item, s.count);
+  return out;
+}
+
+TEST(PlanBatchTest, DecodesFirstThenPrefillChunksWithinBudget) {
+  std::vector<PendingView> pending = {
+      {0, 100, false},  // prefill
+      {1, 1, true},     // decode
+      {2, 30, false},   // prefill
+      {3, 1, true},     // decode
+  };
+  using P = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(Pairs(PlanBatch(pending, 64, 16)), (P{{1, 1}, {3, 1}, {0, 16}, {2, 16}}));
+  EXPECT_EQ(Pairs(PlanBatch(pending, 20, 16)), (P{{1, 1}, {3, 1}, {0, 16}, {2, 2}}));
+  EXPECT_EQ(Pairs(PlanBatch(pending, 2, 16)), (P{{1, 1}, {3, 1}}));
+  EXPECT_EQ(Pairs(PlanBatch(pending, 1, 16)), (P{{1, 1}}));
+  EXPECT_EQ(Pairs(PlanBatch(pending, 200, 1000)), (P{{1, 1}, {3, 1}, {0, 100}, {2, 30}}));
+  EXPECT_TRUE(PlanBatch(pending, 0, 16).empty());
+  EXPECT_TRUE(PlanBatch({}, 64, 16).empty());
+}
+
+TEST(PlanBatchTest, OneSlicePerSequence) {
+  std::vector<PendingView> pending = {{5, 1, true}, {5, 1, true}, {5, 10, false}, {6, 10, false}};
+  using P = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(Pairs(PlanBatch(pending, 64, 64)), (P{{0, 1}, {3, 10}}));
+}
+
+std::string Fixture() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(dir ? dir : "/tmp") + "/scheduler_test_tiny.gguf";
+  std::string error;
+  engine::TinyLlamaOptions options;
+  EXPECT_TRUE(engine::WriteTinyLlama(path, options, &error)) << error;
+  return path;
+}
+
+SchedulerOptions Options(const std::string& path, int layer_start, int layer_end) {
+  SchedulerOptions options;
+  options.model.path = path;
+  options.model.layer_start = layer_start;
+  options.model.layer_end = layer_end;
+  options.context.n_seq = 4;
+  options.context.n_ctx = 256;
+  options.context.n_threads = 1;
+  options.max_batch_tokens = 8;
+  options.max_prefill_chunk = 3;
+  options.max_queue = 8;
+  return options;
+}
+
+// Submits items; returns each one's output once all are done.
+std::vector<std::vector<float>> RunAll(Scheduler& scheduler, std::vector<WorkItem> items) {
+  std::vector<std::promise<std::vector<float>>> promises(items.size());
+  std::vector<std::future<std::vector<float>>> futures;
+  for (size_t i = 0; i < items.size(); ++i) {
+    futures.push_back(promises[i].get_future());
+    std::promise<std::vector<float>>* promise = &promises[i];
+    items[i].done = [promise](const protocol::Status& status, std::vector<float> out) {
+      EXPECT_TRUE(status.ok()) << status.ToString();
+      promise->set_value(std::move(out));
+    };
+    protocol::Status status = scheduler.Submit(std::move(items[i]));
+    EXPECT_TRUE(status.ok()) << status.ToString();
+    if (!status.ok()) promises[i].set_value({});
+  }
+  std::vector<std::vector<float>> outputs;
+  for (auto& future : futures) outputs.push_back(future.get());
+  return outputs;
+}
+
+WorkItem Tokens(int32_t seq, int32_t pos, std::vector<int32_t> tokens) {
+  WorkItem item;
+  item.seq = seq;
+  item.pos = pos;
+  item.tokens = std::move(tokens);
+  return item;
+}
+
+void ExpectNear(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f) << "index " << i;
+}
+
+TEST(SchedulerTest, BatchedItemsMatchSoloRuns) {
+  std::string path = Fixture();
+  std::string error;
+  auto scheduler = Scheduler::Start(Options(path, 0, -1), &error);
+  ASSERT_NE(scheduler, nullptr) << error;
+  ASSERT_TRUE(scheduler->last());
+  const std::vector<int32_t> a = {1, 5, 9, 13, 17, 21, 25}, b = {2, 4, 6}, c = {30, 31, 32, 33};
+
+  // Alone: one item at a time, each on its own sequence.
+  std::vector<std::vector<float>> solo;
+  solo.push_back(RunAll(*scheduler, {Tokens(0, 0, a)})[0]);
+  solo.push_back(RunAll(*scheduler, {Tokens(1, 0, b)})[0]);
+  solo.push_back(RunAll(*scheduler, {Tokens(2, 0, c)})[0]);
+  solo.push_back(RunAll(*scheduler, {Tokens(0, 7, {40})})[0]);  // a decode step after a
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 15u);
+  for (int32_t seq = 0; seq < 3; ++seq) {
+    std::promise<void> released;
+    scheduler->Release(seq, [&released] { released.set_value(); });
+    released.get_future().get();
+  }
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 0u);
+
+  // Together: a long prefill keeps the engine busy so the others join its batches.
+  std::vector<int32_t> filler(40, 7);
+  std::vector<std::vector<float>> prefills = RunAll(
+      *scheduler, {Tokens(3, 0, filler), Tokens(0, 0, a), Tokens(1, 0, b), Tokens(2, 0, c)});
+  for (int i = 0; i < 3; ++i) ExpectNear(prefills[i + 1], solo[i]);
+  uint64_t batches_before = scheduler->Stats().batches;
+  std::vector<std::vector<float>> together =
+      RunAll(*scheduler, {Tokens(0, 7, {40}), Tokens(1, 3, {41}), Tokens(2, 4, {42})});
+  EXPECT_GE(scheduler->Stats().batches - batches_before, 1u);
+  ExpectNear(together[0], solo[3]);
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 8u + 4u + 5u + 40u);
+}
+
+TEST(SchedulerTest, MixedBatchLogitsMatchSolo) {
+  std::string path = Fixture();
+  std::string error;
+  SchedulerOptions options = Options(path, 0, -1);
+  options.max_queue = 2;
+  auto solo_scheduler = Scheduler::Start(options, &error);
+  ASSERT_NE(solo_scheduler, nullptr) << error;
+  const std::vector<int32_t> a = {1, 5, 9, 13, 17, 21, 25}, b = {2, 4, 6};
+  std::vector<float> solo_a = RunAll(*solo_scheduler, {Tokens(0, 0, a)})[0];
+  std::vector<float> solo_b = RunAll(*solo_scheduler, {Tokens(1, 0, b)})[0];
+  ASSERT_EQ(solo_a.size(), static_cast<size_t>(solo_scheduler->n_vocab()));
+
+  auto scheduler = Scheduler::Start(options, &error);
+  ASSERT_NE(scheduler, nullptr) << error;
+  std::vector<std::vector<float>> both = RunAll(*scheduler, {Tokens(0, 0, a), Tokens(1, 0, b)});
+  ExpectNear(both[0], solo_a);
+  ExpectNear(both[1], solo_b);
+}
+
+TEST(SchedulerTest, HiddenShardChainMatchesWholeModel) {
+  std::string path = Fixture();
+  std::string error;
+  auto whole = Scheduler::Start(Options(path, 0, -1), &error);
+  ASSERT_NE(whole, nullptr) << error;
+  auto head = Scheduler::Start(Options(path, 0, 2), &error);
+  ASSERT_NE(head, nullptr) << error;
+  auto tail = Scheduler::Start(Options(path, 2, -1), &error);
+  ASSERT_NE(tail, nullptr) << error;
+  ASSERT_FALSE(head->last());
+  ASSERT_FALSE(tail->first());
+  const std::vector<int32_t> a = {3, 1, 4, 1, 5, 9, 2, 6};
+  std::vector<float> expected = RunAll(*whole, {Tokens(0, 0, a)})[0];
+  std::vector<float> hidden = RunAll(*head, {Tokens(0, 0, a)})[0];
+  ASSERT_EQ(hidden.size(), a.size() * head->n_embd());
+  WorkItem item;
+  item.seq = 0;
+  item.hidden = hidden;
+  std::vector<float> logits = RunAll(*tail, {std::move(item)})[0];
+  ExpectNear(logits, expected);
+}
+
+TEST(SchedulerTest, RefusesBadItemsAndFullQueue) {
+  std::string path = Fixture();
+  std::string error;
+  SchedulerOptions options = Options(path, 2, -1);
+  options.max_queue = 1;
+  auto tail = Scheduler::Start(options, &error);
+  ASSERT_NE(tail, nullptr) << error;
+  EXPECT_EQ(tail->Submit(Tokens(0, 0, {1})).code, Code::kInvalidArgument);
+  WorkItem odd;
+  odd.hidden.assign(tail->n_embd() + 1, 0.f);
+  EXPECT_EQ(tail->Submit(std::move(odd)).code, Code::kInvalidArgument);
+
+  // Hold the engine thread inside a callback so the queue stays full.
+  std::promise<void> gate, entered;
+  std::shared_future<void> open = gate.get_future().share();
+  WorkItem first;
+  first.seq = 0;
+  first.hidden.assign(tail->n_embd(), 0.5f);
+  first.done = [open, &entered](const protocol::Status&, std::vector<float>) {
+    entered.set_value();
+    open.wait();
+  };
+  ASSERT_TRUE(tail->Submit(std::move(first)).ok());
+  entered.get_future().wait();
+  WorkItem second;
+  second.seq = 1;
+  second.hidden.assign(tail->n_embd(), 0.5f);
+  second.done = [](const protocol::Status&, std::vector<float>) {};
+  ASSERT_TRUE(tail->Submit(std::move(second)).ok());
+  WorkItem third;
+  third.seq = 2;
+  third.hidden.assign(tail->n_embd(), 0.5f);
+  third.done = [](const protocol::Status&, std::vector<float>) {};
+  EXPECT_EQ(tail->Submit(std::move(third)).code, Code::kResourceExhausted);
+  gate.set_value();
+}
+
+}  // namespace
+}  // namespace meshnet::worker

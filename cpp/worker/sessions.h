@@ -1,0 +1,105 @@
+// The worker's session table: which llama sequence each route session (id, epoch) holds.
+//
+// Called by the seam service (gRPC threads and the idle reaper). Invariants: at most
+// `max_sessions` sessions hold a sequence id; a sequence id returns to the pool only through
+// FreeSeq, which the caller invokes after the engine thread has dropped that sequence's KV (so a
+// new session never sees an old one's cache); for each session id only the newest epoch seen is
+// admitted, and an older epoch is refused with STALE_EPOCH. Pure C++ (no gRPC, no llama).
+//
+// Threading: every method is thread-safe (one internal mutex; no callbacks under it).
+#ifndef MESHNET_CPP_WORKER_SESSIONS_H_
+#define MESHNET_CPP_WORKER_SESSIONS_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpp/protocol/seam.h"
+#include "cpp/protocol/status.h"
+
+namespace meshnet::worker {
+
+using Clock = std::chrono::steady_clock;
+using SessionKey = std::pair<std::string, uint64_t>;  // (session id, epoch)
+
+struct SessionTableOptions {
+  int max_sessions = 8;                          // sequence ids 0..max_sessions-1
+  Clock::duration idle = std::chrono::seconds(300);  // no frame for this long: reapable
+};
+
+// What the caller needs to know about an admitted session.
+struct SessionInfo {
+  int32_t seq = -1;       // llama sequence id
+  uint64_t length = 0;    // KV positions [0, length) held for it
+  uint64_t last_step = 0; // newest completed step (0: none yet)
+  bool created = false;   // true when Open allocated it just now
+};
+
+// A session that left the table; its seq is "releasing" until FreeSeq(seq).
+struct EndedSession {
+  SessionKey key;
+  int32_t seq = -1;
+  uint64_t tokens = 0;  // tokens processed for it (ledger)
+};
+
+class SessionTable {
+ public:
+  explicit SessionTable(const SessionTableOptions& options);
+
+  // Epoch fencing for a frame of (id, epoch): STALE_EPOCH when a newer epoch of `id` was seen;
+  // otherwise records `epoch` as the newest and removes every older-epoch session of `id`,
+  // appending them to *fenced (the caller releases their KV, then calls FreeSeq).
+  protocol::Status Fence(const std::string& id, uint64_t epoch,
+                         std::vector<EndedSession>* fenced);
+
+  // Finds or creates the session (allocating a sequence id) and marks it active at `now`.
+  // RESOURCE_EXHAUSTED when it is new and no sequence id is free.
+  protocol::Status Open(const SessionKey& key, Clock::time_point now, SessionInfo* info);
+
+  // Idempotency: for step <= last_step, the recorded reply (with replayed = true) when
+  // step == last_step, else INVALID_ARGUMENT (an older step). std::nullopt for a new step or
+  // an unknown session (then *status stays OK).
+  std::optional<protocol::SeamReply> Replay(const SessionKey& key, uint64_t step,
+                                            protocol::Status* status) const;
+
+  // Records a completed step: its reply, the new KV length, and `tokens` processed.
+  void RecordStep(const SessionKey& key, uint64_t step, const protocol::SeamReply& reply,
+                  uint64_t length, uint64_t tokens);
+
+  // Removes the session; std::nullopt when it is not in the table.
+  std::optional<EndedSession> Remove(const SessionKey& key);
+  // Sessions with no Open for longer than the idle timeout at `now` (not removed).
+  std::vector<SessionKey> Idle(Clock::time_point now) const;
+  // Returns a released sequence id to the pool.
+  void FreeSeq(int32_t seq);
+
+  int active() const;          // sessions in the table
+  int free_seqs() const;       // ids available to new sessions
+  // Tokens processed per live session (ledger), by key.
+  std::map<SessionKey, uint64_t> TokenCounts() const;
+
+ private:
+  struct Entry {
+    int32_t seq = -1;
+    uint64_t length = 0;
+    uint64_t last_step = 0;
+    std::optional<protocol::SeamReply> last_reply;
+    Clock::time_point last_active;
+    uint64_t tokens = 0;
+  };
+
+  const SessionTableOptions options_;
+  mutable std::mutex mu_;
+  std::map<SessionKey, Entry> sessions_;
+  std::map<std::string, uint64_t> newest_epoch_;
+  std::vector<int32_t> free_;  // stack of free sequence ids
+};
+
+}  // namespace meshnet::worker
+
+#endif  // MESHNET_CPP_WORKER_SESSIONS_H_
