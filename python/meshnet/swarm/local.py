@@ -80,8 +80,10 @@ class TrackerProcess:
 
 class NodeProcess:
     def __init__(self, workdir: Path, tracker: TrackerProcess, gguf: Path, model: str, layers: tuple[int, int],
-                 node_id: str, *, backend: str = "reference", max_sessions: int = 16, threads: int = 1) -> None:
+                 node_id: str, *, backend: str = "reference", max_sessions: int = 16, threads: int = 1,
+                 worker_binary: Optional[Path] = None) -> None:
         self.workdir, self.tracker, self.gguf, self.model = workdir, tracker, gguf, model
+        self.worker_binary = worker_binary
         self.layers, self.node_id, self.backend = layers, node_id, backend
         self.max_sessions, self.threads = max_sessions, threads
         self.proc: Optional[subprocess.Popen] = None
@@ -101,6 +103,8 @@ class NodeProcess:
                f"{self.layers[0]}:{self.layers[1]}", "--backend", self.backend, "--node-id", self.node_id,
                "--max-sessions", str(self.max_sessions), "--threads", str(self.threads), "--heartbeat-seconds", "0.5",
                "--drain-seconds", "5", "--port-file", str(port_file)]
+        if self.worker_binary is not None:
+            cmd += ["--worker-binary", str(self.worker_binary)]
         self.proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         return self
 
@@ -128,8 +132,11 @@ class LocalSwarm:
 
     def __init__(self, workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], *, model: str = "smollm2",
                  backend: str = "reference", lease_seconds: float = 3.0, max_sessions: int = 16,
-                 threads: int = 1) -> None:
+                 threads: int = 1, worker_binary: Optional[Path] = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
+        if backend == "gguf" and worker_binary is None:
+            raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
+        self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
         self.tracker = TrackerProcess(workdir, [certify(gguf, model, backend)], secrets.token_hex(16),
                                       lease_seconds=lease_seconds)
@@ -146,7 +153,8 @@ class LocalSwarm:
 
     def add_node(self, node_id: str, layers: tuple[int, int], wait: bool = True) -> NodeProcess:
         node = NodeProcess(self.workdir, self.tracker, self.gguf, self.model, layers, node_id, backend=self.backend,
-                           max_sessions=self.max_sessions, threads=self.threads).launch()
+                           max_sessions=self.max_sessions, threads=self.threads,
+                           worker_binary=self.worker_binary).launch()
         self.nodes[node_id] = node
         return node.wait_ready() if wait else node
 

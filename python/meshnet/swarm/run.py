@@ -34,7 +34,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--n-layer", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--backend", default="reference", choices=["reference"])
+    parser.add_argument("--backend", default="gguf", choices=["gguf", "reference"],
+                        help="gguf: native llama.cpp workers; reference: HF Transformers shards")
+    parser.add_argument("--worker-binary", type=Path, default=os.environ.get("MESHNET_WORKER_BINARY"))
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     args = parser.parse_args()
     if args.gguf is None or not Path(args.gguf).is_file():
@@ -47,7 +49,11 @@ def main() -> int:
         cuts = even_cuts(args.n_layer, args.nodes)
         print(f"starting tracker + {args.nodes} nodes {cuts} on loopback ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
-        with LocalSwarm(Path(tmp), Path(args.gguf).resolve(), cuts, backend=args.backend) as swarm:
+        worker = Path(args.worker_binary).resolve() if args.worker_binary else None
+        if args.backend == "gguf" and (worker is None or not worker.is_file()):
+            parser.error("--backend gguf needs --worker-binary (bazel run sets it)")
+        with LocalSwarm(Path(tmp), Path(args.gguf).resolve(), cuts, backend=args.backend,
+                        worker_binary=worker) as swarm:
             print(f"swarm ready in {time.perf_counter() - started:.1f}s; tracker at {swarm.tracker.address}",
                   file=sys.stderr, flush=True)
             with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as tracker:
@@ -70,7 +76,7 @@ def main() -> int:
                 elapsed = time.perf_counter() - begun
         decode_s = elapsed - (session.ttft or 0)
         rate = (len(tokens) - 1) / decode_s if len(tokens) > 1 and decode_s > 0 else 0.0
-        print(f"\n[{len(tokens)} tokens over {args.nodes} reference nodes | TTFT {session.ttft * 1000:.0f} ms | "
+        print(f"\n[{len(tokens)} tokens over {args.nodes} {args.backend} nodes | TTFT {session.ttft * 1000:.0f} ms | "
               f"decode {rate:.1f} tok/s]")
     return 0
 

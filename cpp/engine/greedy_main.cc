@@ -1,0 +1,60 @@
+// greedy: the single-process llama.cpp baseline for route parity tests. Loads the whole model
+// (no layer range: the library behaves as upstream), feeds the prompt token ids given on the
+// command line, decodes greedily and prints the new token ids as one JSON line.
+//
+// Usage: greedy MODEL.gguf N_NEW TOKEN_ID...
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cpp/engine/engine.h"
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::cerr << "usage: greedy MODEL.gguf N_NEW TOKEN_ID...\n";
+    return 2;
+  }
+  std::string error;
+  meshnet::engine::ModelOptions model_options;
+  model_options.path = argv[1];
+  auto model = meshnet::engine::Model::Open(model_options, &error);
+  if (!model) {
+    std::cerr << "greedy: " << error << "\n";
+    return 1;
+  }
+  const int n_new = std::atoi(argv[2]);
+  std::vector<int32_t> prompt;
+  for (int i = 3; i < argc; ++i) prompt.push_back(std::atoi(argv[i]));
+  meshnet::engine::ContextOptions context_options;
+  context_options.n_ctx = static_cast<int>(prompt.size()) + n_new + 8;
+  auto context = meshnet::engine::Context::Create(*model, context_options, &error);
+  if (!context) {
+    std::cerr << "greedy: " << error << "\n";
+    return 1;
+  }
+  meshnet::engine::Batch batch;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    batch.AddToken(0, static_cast<int32_t>(i), prompt[i], i + 1 == prompt.size());
+  }
+  std::vector<int32_t> out;
+  int32_t pos = static_cast<int32_t>(prompt.size());
+  for (int step = 0; step < n_new; ++step) {
+    if (!context->Decode(batch, &error)) {
+      std::cerr << "greedy: " << error << "\n";
+      return 1;
+    }
+    const float* logits = context->Logits(batch.size() - 1);
+    int32_t best = 0;
+    for (int v = 1; v < model->n_vocab(); ++v) {
+      if (logits[v] > logits[best]) best = v;
+    }
+    out.push_back(best);
+    batch.Clear();
+    batch.AddToken(0, pos++, best, true);
+  }
+  std::cout << "{\"tokens\": [";
+  for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? ", " : "") << out[i];
+  std::cout << "]}" << std::endl;
+  return 0;
+}

@@ -1,0 +1,99 @@
+"""The two shard backends a node can run, behind one small interface.
+
+`ReferenceBackend` serves HF Transformers layers in this process; `GgufBackend` supervises the
+native worker (cpp/worker) as a child process and restarts it if it dies. Both expose the
+shard's address, its live-session count and heartbeat telemetry. Main thread only.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from pathlib import Path
+from typing import Optional, Protocol
+
+import grpc
+
+from meshnet.node.worker import WorkerProcess
+from meshnet.protocol import diag
+from meshnet.reference.model import ReferenceEngine, ShardModel, load_model
+from meshnet.reference.server import ShardServer
+from meshnet.shard.v1 import shard_pb2_grpc
+from meshnet.types import tracker as tt
+from meshnet.types.seam import Fingerprints
+
+
+class Backend(Protocol):
+    kind: tt.BackendKind
+
+    @property
+    def address(self) -> str: ...
+
+    def load(self) -> tt.Load: ...
+
+    def alive(self) -> bool: ...
+
+    def restart(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class ReferenceBackend:
+    kind = tt.BackendKind.REFERENCE
+
+    def __init__(self, gguf: Path, layers: tuple[int, int], listen: str, node_id: Optional[str],
+                 fingerprints: Fingerprints, *, max_sessions: int, max_kv_tokens: int, idle_seconds: float) -> None:
+        self.engine = ReferenceEngine(ShardModel(load_model(gguf), *layers), max_sessions, max_kv_tokens)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * max_sessions + 8))
+        host = listen.rsplit(":", 1)[0]
+        port = self._server.add_insecure_port(listen)
+        self.node_id = node_id or f"reference-{port}"
+        shard = ShardServer(self.engine, self.node_id, fingerprints, idle_seconds=idle_seconds)
+        shard_pb2_grpc.add_ShardServicer_to_server(shard, self._server)
+        diag.add_to_server(self._server, self.node_id)
+        self._server.start()
+        self._address = f"{host}:{port}"
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def load(self) -> tt.Load:
+        sessions, tokens = self.engine.stats()
+        return tt.Load(active_sessions=sessions, kv_cells_used=tokens, kv_cells_total=self.engine.max_kv_tokens)
+
+    def alive(self) -> bool:
+        return True
+
+    def restart(self) -> None:
+        raise RuntimeError("the reference backend runs in the node process; it cannot restart alone")
+
+    def stop(self) -> None:
+        self._server.stop(grace=2).wait()
+
+
+class GgufBackend:
+    kind = tt.BackendKind.GGUF
+
+    def __init__(self, worker_binary: Path, gguf: Path, layers: tuple[int, int], listen: str, node_id: str, *,
+                 threads: int, max_sessions: int, max_kv_tokens: int, log: Optional[Path]) -> None:
+        self.node_id = node_id
+        self._worker = WorkerProcess(worker_binary, gguf, layers, listen.rsplit(":", 1)[0], node_id, threads=threads,
+                                     max_sessions=max_sessions, n_ctx=max_kv_tokens, log=log)
+        self._worker.start()
+
+    @property
+    def address(self) -> str:
+        return self._worker.address
+
+    def load(self) -> tt.Load:
+        return self._worker.load()
+
+    def alive(self) -> bool:
+        return self._worker.alive()
+
+    def restart(self) -> None:
+        self._worker.stop()
+        self._worker.start()
+
+    def stop(self) -> None:
+        self._worker.stop()

@@ -1,0 +1,105 @@
+"""Supervision of the native shard worker (cpp/worker) as a child process of the node.
+
+The node starts `worker --model ... --layers A:B --listen HOST:0`, reads the bound port from
+the worker's first stdout line ({"event": "listening", "port": N}), waits until Health
+answers, and polls Health for heartbeat telemetry. Called from the node's main thread only.
+Invariant: stop() leaves no worker process behind (SIGTERM, then SIGKILL after a grace).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import grpc
+
+from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
+from meshnet.types import tracker as tt
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class WorkerProcess:
+    def __init__(self, binary: Path, gguf: Path, layers: tuple[int, int], host: str, node_id: str, *,
+                 threads: int, max_sessions: int, n_ctx: int, log: Optional[Path] = None) -> None:
+        if not binary.is_file():
+            raise WorkerError(f"no worker binary at {binary}")
+        self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
+                     f"--threads={threads}", f"--max_sessions={max_sessions}", f"--n_ctx={n_ctx}",
+                     f"--node_id={node_id}"]
+        self._host = host
+        self._log = log
+        self.n_ctx = n_ctx
+        self.proc: Optional[subprocess.Popen] = None
+        self.port = 0
+        self._channel: Optional[grpc.Channel] = None
+
+    @property
+    def address(self) -> str:
+        return f"{self._host}:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> "WorkerProcess":
+        stderr = open(self._log, "ab") if self._log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        ready: dict = {}
+
+        def read_port() -> None:
+            for line in self.proc.stdout:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") == "listening":
+                    ready["port"] = int(event["port"])
+                    return
+
+        reader = threading.Thread(target=read_port, daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if "port" not in ready:
+            code = self.proc.poll()
+            self.stop()
+            raise WorkerError(f"worker did not start listening within {timeout:.0f}s (exit {code}); see {self._log}")
+        self.port = ready["port"]
+        self._channel = grpc.insecure_channel(self.address)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.health()
+                return self
+            except grpc.RpcError:
+                if time.monotonic() > deadline or not self.alive():
+                    self.stop()
+                    raise WorkerError(f"worker at {self.address} never answered Health") from None
+                time.sleep(0.1)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def health(self) -> shard_pb2.HealthReply:
+        return shard_pb2_grpc.ShardStub(self._channel).Health(shard_pb2.HealthRequest(), timeout=5)
+
+    def load(self) -> tt.Load:
+        """Heartbeat telemetry from the worker's Health."""
+        h = self.health()
+        return tt.Load(active_sessions=h.active_sessions, queue_depth=h.queue_depth, kv_cells_used=h.kv_cells_used,
+                       kv_cells_total=h.kv_cells_total)
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
