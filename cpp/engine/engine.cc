@@ -185,7 +185,7 @@ std::unique_ptr<Context> Context::Create(Model& model, const ContextOptions& opt
   params.n_seq_max = options.n_seq;
   params.n_threads = options.n_threads;
   params.n_threads_batch = options.n_threads;
-  params.kv_unified = true;  // one KV stream: any mix of prefill and decode rows per batch
+  params.kv_unified = options.unified_kv;
   params.no_perf = true;
   // A non-last shard reads every row's residual back (the graph emits it as t_embd).
   params.embeddings = !model.owns_output();

@@ -74,6 +74,10 @@ struct ContextOptions {
   int n_batch = 512;      // most rows per Decode
   int n_ubatch = 512;     // rows per graph run
   int n_threads = 2;
+  // true: one KV stream shared by all sequences (n_ctx cells in all). false: one stream per
+  // sequence (n_ctx / n_seq cells each), so a session's KV layout, and with it the exact
+  // attention arithmetic, does not depend on which other sessions share the batches.
+  bool unified_kv = true;
 };
 
 // Rows of one Decode: all token rows (first shard) or all hidden rows (other shards).

@@ -2,7 +2,9 @@
 // (no layer range: the library behaves as upstream), feeds the prompt token ids given on the
 // command line, decodes greedily and prints the new token ids as one JSON line.
 //
-// Usage: greedy MODEL.gguf N_NEW TOKEN_ID...
+// Usage: greedy MODEL.gguf N_NEW TOKEN_ID...   ($MESHNET_THREADS sets the compute threads)
+// The JSON line also carries ttft_ms (prompt decode + first token) and decode_tok_s.
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
   for (int i = 3; i < argc; ++i) prompt.push_back(std::atoi(argv[i]));
   meshnet::engine::ContextOptions context_options;
   context_options.n_ctx = static_cast<int>(prompt.size()) + n_new + 8;
+  if (const char* threads = std::getenv("MESHNET_THREADS")) context_options.n_threads = std::atoi(threads);
   auto context = meshnet::engine::Context::Create(*model, context_options, &error);
   if (!context) {
     std::cerr << "greedy: " << error << "\n";
@@ -39,6 +42,9 @@ int main(int argc, char** argv) {
   }
   std::vector<int32_t> out;
   int32_t pos = static_cast<int32_t>(prompt.size());
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  auto first = started;
   for (int step = 0; step < n_new; ++step) {
     if (!context->Decode(batch, &error)) {
       std::cerr << "greedy: " << error << "\n";
@@ -50,10 +56,14 @@ int main(int argc, char** argv) {
       if (logits[v] > logits[best]) best = v;
     }
     out.push_back(best);
+    if (step == 0) first = Clock::now();
     batch.Clear();
     batch.AddToken(0, pos++, best, true);
   }
-  std::cout << "{\"tokens\": [";
+  const double ttft = std::chrono::duration<double>(first - started).count();
+  const double rest = std::chrono::duration<double>(Clock::now() - first).count();
+  std::cout << "{\"ttft_ms\": " << ttft * 1000 << ", \"decode_tok_s\": "
+            << (n_new > 1 && rest > 0 ? (n_new - 1) / rest : 0) << ", \"tokens\": [";
   for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? ", " : "") << out[i];
   std::cout << "]}" << std::endl;
   return 0;

@@ -231,6 +231,7 @@ void Scheduler::Step(engine::Context& ctx) {
     stats_.rows += batch.size();
     stats_.last_batch_rows = batch.size();
     stats_.last_batch_items = static_cast<int>(plan.size());
+    stats_.max_batch_items = std::max(stats_.max_batch_items, stats_.last_batch_items);
     stats_.kv_cells_used = KvCells();
   }
   for (const auto& p : finished) {

@@ -16,6 +16,7 @@
 #ifndef MESHNET_CPP_WORKER_SCHEDULER_H_
 #define MESHNET_CPP_WORKER_SCHEDULER_H_
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -76,6 +77,7 @@ struct SchedulerStats {
   uint64_t rows = 0;            // rows decoded in all
   int last_batch_rows = 0;      // batch occupancy of the latest Decode
   int last_batch_items = 0;     // sessions in the latest Decode
+  int max_batch_items = 0;      // most sessions in one Decode since start
   uint64_t kv_cells_used = 0;   // positions held over all live sequences
 };
 
@@ -96,7 +98,12 @@ class Scheduler {
   int layer_end() const { return layer_end_; }
   bool first() const { return layer_start_ == 0; }
   bool last() const { return layer_end_ == n_layer_; }
-  int n_ctx() const { return options_.context.n_ctx; }
+  int n_ctx() const { return options_.context.n_ctx; }  // KV cells in all
+  // Positions one session may hold: n_ctx, or its share when each sequence has its own stream.
+  int n_ctx_per_session() const {
+    return options_.context.unified_kv ? options_.context.n_ctx
+                                       : options_.context.n_ctx / std::max(1, options_.context.n_seq);
+  }
 
   // Queues one item; RESOURCE_EXHAUSTED (queue full), INVALID_ARGUMENT (wrong row content) or
   // UNAVAILABLE (stopping) without queueing, in which case `done` is never called.

@@ -151,9 +151,11 @@ class Downstream {
       std::lock_guard<std::mutex> lock(write_mu_);
       closed = closed_;
     }
-    if (!closed) {
-      on_error_(MakeError(Code::kUnavailable,
-                          "next hop " + hop_.node_id + " lost: " + status.error_message(), true));
+    if (!closed) {  // the next hop is gone: name it, so the client reports the right node
+      Status lost = MakeError(Code::kUnavailable,
+                              "next hop " + hop_.node_id + " lost: " + status.error_message(), true);
+      lost.hop = hop_.node_id;
+      on_error_(lost);
     }
     finished_.set_value();
   }
@@ -187,6 +189,7 @@ struct ShardService::ResultQueue {
     {
       std::lock_guard<std::mutex> lock(mu);
       frames.push_back(std::move(frame));
+      if (close && !closed) closed_at = Clock::now();
       closed = closed || close;
     }
     cv.notify_all();
@@ -195,6 +198,7 @@ struct ShardService::ResultQueue {
   std::condition_variable cv;
   std::deque<protocol::ResultFrame> frames;
   bool closed = false;
+  Clock::time_point closed_at;  // when `closed` became true
 };
 
 ShardService::ShardService(Scheduler* scheduler, const ServiceOptions& options)
@@ -223,6 +227,13 @@ void ShardService::ReapIdle() {
   auto period = std::min<Clock::duration>(std::chrono::seconds(1), options_.sessions.idle / 4);
   std::unique_lock<std::mutex> lock(mu_);
   while (!reaper_wake_.wait_for(lock, period, [this] { return stopping_; })) {
+    // A closed queue nobody reads (the client left first, or never subscribed) goes after a
+    // grace period for late readers; without this, results_ grows by one per such session.
+    for (auto it = results_.begin(); it != results_.end();) {
+      std::lock_guard<std::mutex> queue_lock(it->second->mu);
+      bool expired = it->second->closed && Clock::now() - it->second->closed_at > options_.results_grace;
+      it = expired ? results_.erase(it) : std::next(it);
+    }
     lock.unlock();
     for (const SessionKey& key : table_.Idle(Clock::now())) {
       End(key, FinishReason::kError,
@@ -265,6 +276,10 @@ grpc::Status ShardService::Health(grpc::ServerContext*, const pb::HealthRequest*
   reply->set_queue_depth(stats.queue_depth);
   reply->set_kv_cells_used(stats.kv_cells_used);
   reply->set_kv_cells_total(scheduler_->n_ctx());
+  reply->set_batches(stats.batches);
+  reply->set_mean_batch_rows(
+      stats.batches == 0 ? 0.0f : static_cast<float>(double(stats.rows) / double(stats.batches)));
+  reply->set_max_batch_sessions(static_cast<uint32_t>(stats.max_batch_items));
   return grpc::Status::OK;
 }
 
@@ -379,13 +394,24 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
     }
     live = slot;
   }
-  std::lock_guard<std::mutex> lock(live->mu);
-  if (live->ended) return Reply(frame, MakeError(Code::kNotFound, "session ended"));
-  Status older;
-  std::optional<protocol::SeamReply> replayed = table_.Replay(key, frame.step, &older);
-  if (replayed.has_value()) return replayed;
-  if (!older.ok()) return Reply(frame, older);
-  return Step(key, info, *live, frame);
+  std::optional<protocol::SeamReply> reply;
+  {
+    std::lock_guard<std::mutex> lock(live->mu);
+    if (live->ended) return Reply(frame, MakeError(Code::kNotFound, "session ended"));
+    Status older;
+    std::optional<protocol::SeamReply> replayed = table_.Replay(key, frame.step, &older);
+    if (replayed.has_value()) return replayed;
+    if (!older.ok()) return Reply(frame, older);
+    reply = Step(key, info, *live, frame);
+  }
+  // A session whose first step failed (bad input, full queue, next hop lost) holds nothing a
+  // retry could use: end it now so it neither keeps a sequence id nor leaves stray KV.
+  if (info.last_step == 0 && reply.has_value() && reply->status.has_value() &&
+      !reply->status->ok()) {
+    End(key, FinishReason::kError, *reply->status, nullptr, /*close_results=*/false);
+    owned->erase(key);
+  }
+  return reply;
 }
 
 std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
@@ -400,10 +426,10 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
                                   "span starts at " + std::to_string(start) + " but this hop holds " +
                                       std::to_string(info.length) + " positions"));
   }
-  if (start + count > static_cast<uint64_t>(scheduler_->n_ctx())) {
+  if (start + count > static_cast<uint64_t>(scheduler_->n_ctx_per_session())) {
     return Reply(frame, protocol::ResourceExhaustedError(
                             "span ends past the KV budget of " +
-                            std::to_string(scheduler_->n_ctx()) + " positions"));
+                            std::to_string(scheduler_->n_ctx_per_session()) + " positions"));
   }
   WorkItem item;
   item.seq = info.seq;
@@ -456,14 +482,7 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   Status submitted = scheduler_->Submit(std::move(item));
   std::pair<Status, std::vector<float>> outcome =
       submitted.ok() ? ready.get() : std::make_pair(submitted, std::vector<float>());
-  if (!outcome.first.ok()) {
-    if (outcome.first.code == Code::kResourceExhausted && info.last_step == 0) {
-      table_.Remove(key);
-      scheduler_->Release(info.seq, [this, seq = info.seq] { table_.FreeSeq(seq); });
-      live.ended = true;
-    }
-    return Reply(frame, outcome.first);
-  }
+  if (!outcome.first.ok()) return Reply(frame, outcome.first);  // Handle ends a new session
   const uint64_t length = start + count;
   if (scheduler_->last()) {
     Emit(live, frame, outcome.second, length);
@@ -513,8 +532,10 @@ Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
   for (protocol::TensorFragment& fragment : fragments) {
     next.fragment = std::move(fragment);
     if (!live.downstream->Send(next)) {
-      return MakeError(Code::kUnavailable, "next hop " + live.downstream->hop().node_id + " lost",
-                       true);
+      Status lost = MakeError(Code::kUnavailable,
+                              "next hop " + live.downstream->hop().node_id + " lost", true);
+      lost.hop = live.downstream->hop().node_id;
+      return lost;
     }
   }
   return OkStatus();
@@ -538,7 +559,7 @@ void ShardService::Emit(Live& live, const protocol::SeamFrame& frame,
 }
 
 void ShardService::End(const SessionKey& key, FinishReason reason, const Status& status,
-                       const protocol::SeamFrame* forward) {
+                       const protocol::SeamFrame* forward, bool close_results) {
   std::shared_ptr<Live> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -565,7 +586,7 @@ void ShardService::End(const SessionKey& key, FinishReason reason, const Status&
       live->downstream.reset();  // half-closes and joins its reader
     }
   }
-  if (scheduler_->last()) {
+  if (scheduler_->last() && close_results) {
     protocol::ResultFrame result;
     result.version = protocol::CurrentVersion();
     result.session = protocol::RouteSession{key.first, key.second};

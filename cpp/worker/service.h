@@ -14,6 +14,7 @@
 #ifndef MESHNET_CPP_WORKER_SERVICE_H_
 #define MESHNET_CPP_WORKER_SERVICE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -35,6 +36,8 @@ struct ServiceOptions {
   std::optional<protocol::Fingerprints> fingerprints;  // frames must match when set
   SessionTableOptions sessions;                     // max_sessions <= scheduler's n_seq
   uint32_t credits = 8;                             // frames a sender may write per reply
+  // How long a closed Results queue waits for a late reader before the reaper drops it.
+  std::chrono::milliseconds results_grace{10000};
 };
 
 class ShardService final : public meshnet::shard::v1::Shard::Service {
@@ -75,7 +78,7 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   void Emit(Live& live, const protocol::SeamFrame& frame, const std::vector<float>& logits,
             uint64_t length);
   void End(const SessionKey& key, protocol::FinishReason reason, const protocol::Status& status,
-           const protocol::SeamFrame* forward = nullptr);
+           const protocol::SeamFrame* forward = nullptr, bool close_results = true);
   protocol::SeamReply Reply(const protocol::SeamFrame& frame, protocol::Status status,
                             std::optional<uint64_t> cache = std::nullopt) const;
   std::shared_ptr<ResultQueue> Results(const SessionKey& key);
