@@ -102,6 +102,27 @@ def test_gguf_route_matches_single_process_llama_cpp(swarm, tracker, tokenizer, 
         assert generate(tracker, tokenizer, prompt) == baseline[prompt], prompt
 
 
+def test_ledger_holds_every_hops_tokens(swarm, tokenizer):
+    """After the parity test: each hop processed 5 prompts' prefill and 63 decode steps each;
+    the nodes report them through the tracker into its ledger within a few heartbeats."""
+    from meshnet.tracker.ledger import Ledger
+
+    prefill = sum(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
+    expected = {"first": (prefill, 5 * (TOKENS - 1)), "middle": (prefill, 5 * (TOKENS - 1)),
+                "last": (prefill, 5 * (TOKENS - 1))}
+    deadline = time.monotonic() + 10
+    while True:
+        ledger = Ledger(swarm.tracker.db)
+        totals = {t.node_id: (t.prefill_tokens, t.decode_tokens) for t in ledger.totals()}
+        ledger.close()
+        middle = tuple(map(sum, zip(*(totals.get(n, (0, 0)) for n in ("node-1", "node-1b")))))
+        got = {"first": totals.get("node-0"), "middle": middle, "last": totals.get("node-2")}
+        if got == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert got == expected, totals
+
+
 def test_eight_concurrent_sessions_keep_their_solo_tokens(swarm, tracker, tokenizer, baseline):
     prompts = PROMPTS + MORE_PROMPTS
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -268,6 +268,23 @@ grpc::Status ShardService::Hello(grpc::ServerContext*, const pb::HelloRequest* r
   return grpc::Status::OK;
 }
 
+grpc::Status ShardService::TakeWork(grpc::ServerContext*, const pb::TakeWorkRequest*,
+                                    pb::TakeWorkReply* reply) {
+  std::map<SessionKey, std::pair<uint64_t, uint64_t>> taken;
+  {
+    std::lock_guard<std::mutex> lock(work_mu_);
+    taken.swap(work_);
+  }
+  for (const auto& [key, counts] : taken) {
+    pb::SessionWork* work = reply->add_work();
+    work->mutable_session()->set_session_id(key.first);
+    work->mutable_session()->set_epoch(key.second);
+    work->set_prefill_tokens(counts.first);
+    work->set_decode_tokens(counts.second);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status ShardService::Health(grpc::ServerContext*, const pb::HealthRequest*,
                                   pb::HealthReply* reply) {
   SchedulerStats stats = scheduler_->Stats();
@@ -492,6 +509,11 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   }
   protocol::SeamReply reply = Reply(frame, OkStatus(), length);
   table_.RecordStep(key, frame.step, reply, length, count);
+  {
+    std::lock_guard<std::mutex> lock(work_mu_);
+    auto& [prefill, decode] = work_[key];
+    (frame.phase == protocol::Phase::kDecode ? decode : prefill) += count;
+  }
   live.last_step = frame.step;
   return reply;
 }

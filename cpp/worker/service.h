@@ -57,6 +57,10 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   grpc::Status Results(grpc::ServerContext* context,
                        const meshnet::shard::v1::ResultsRequest* request,
                        grpc::ServerWriter<meshnet::shard::v1::ResultFrame>* writer) override;
+  // Takes (returns and resets) the tokens processed per session since the last call.
+  grpc::Status TakeWork(grpc::ServerContext* context,
+                        const meshnet::shard::v1::TakeWorkRequest* request,
+                        meshnet::shard::v1::TakeWorkReply* reply) override;
 
   // Any thread.
   int active_sessions() const { return table_.active(); }
@@ -91,6 +95,8 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   std::map<SessionKey, std::shared_ptr<Live>> live_;
   std::map<SessionKey, std::shared_ptr<ResultQueue>> results_;
   bool stopping_ = false;
+  std::mutex work_mu_;  // guards work_
+  std::map<SessionKey, std::pair<uint64_t, uint64_t>> work_;  // (prefill, decode) not yet taken
   std::condition_variable reaper_wake_;
   std::thread reaper_;
 };

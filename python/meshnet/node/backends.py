@@ -13,7 +13,7 @@ from typing import Optional, Protocol
 
 import grpc
 
-from meshnet.node.worker import WorkerProcess
+from meshnet.node.worker import WorkerProcess, take_work
 from meshnet.protocol import diag
 from meshnet.reference.model import ReferenceEngine, ShardModel, load_model
 from meshnet.reference.server import ShardServer
@@ -29,6 +29,8 @@ class Backend(Protocol):
     def address(self) -> str: ...
 
     def load(self) -> tt.Load: ...
+
+    def take_work(self) -> tuple[tt.WorkEntry, ...]: ...
 
     def alive(self) -> bool: ...
 
@@ -52,6 +54,10 @@ class ReferenceBackend:
         diag.add_to_server(self._server, self.node_id)
         self._server.start()
         self._address = f"{host}:{port}"
+        self._channel = grpc.insecure_channel(self._address)
+
+    def take_work(self) -> tuple[tt.WorkEntry, ...]:
+        return take_work(self._channel)
 
     @property
     def address(self) -> str:
@@ -68,6 +74,7 @@ class ReferenceBackend:
         raise RuntimeError("the reference backend runs in the node process; it cannot restart alone")
 
     def stop(self) -> None:
+        self._channel.close()
         self._server.stop(grace=2).wait()
 
 
@@ -87,6 +94,9 @@ class GgufBackend:
 
     def load(self) -> tt.Load:
         return self._worker.load()
+
+    def take_work(self) -> tuple[tt.WorkEntry, ...]:
+        return self._worker.take_work()
 
     def alive(self) -> bool:
         return self._worker.alive()

@@ -38,6 +38,17 @@ def parse_layers(text: str) -> tuple[int, int]:
     return start, end
 
 
+def report_work(tracker: TrackerClient, node_id: str, backend) -> None:
+    """Moves the backend's token counters to the tracker's ledger (at most once: counters that
+    are taken but not acknowledged are logged, not retried)."""
+    entries = backend.take_work()
+    if entries:
+        reply = tracker.report_work(tt.WorkReport(NodeId(node_id), entries))
+        if not reply.status.ok:
+            log("work_report_refused", node=node_id, entries=len(entries), status=reply.status.code.name,
+                message=reply.status.message)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Meshnet node")
     parser.add_argument("--tracker", required=True, help="tracker host:port")
@@ -112,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             tracker.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info()))
             continue
         beat = tracker.heartbeat(NodeId(node_id), backend.load())
+        report_work(tracker, node_id, backend)
         if beat.status.code.name == "NOT_FOUND":  # the lease lapsed (e.g. tracker restart): register again
             tracker.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info()))
     log("draining", node=node_id)
@@ -119,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.drain_seconds
     while backend.alive() and backend.load().active_sessions and time.monotonic() < deadline:
         time.sleep(0.1)
+    if backend.alive():
+        report_work(tracker, node_id, backend)
     tracker.deregister(NodeId(node_id))
     backend.stop()
     tracker.close()

@@ -19,10 +19,18 @@ import grpc
 
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import tracker as tt
+from meshnet.types.seam import RouteSession
 
 
 class WorkerError(RuntimeError):
     pass
+
+
+def take_work(channel: grpc.Channel) -> tuple[tt.WorkEntry, ...]:
+    """Tokens processed per session since the last call, taken from a shard service."""
+    reply = shard_pb2_grpc.ShardStub(channel).TakeWork(shard_pb2.TakeWorkRequest(), timeout=5)
+    return tuple(tt.WorkEntry(RouteSession(w.session.session_id, w.session.epoch), w.prefill_tokens, w.decode_tokens)
+                 for w in reply.work)
 
 
 class WorkerProcess:
@@ -90,6 +98,9 @@ class WorkerProcess:
         h = self.health()
         return tt.Load(active_sessions=h.active_sessions, queue_depth=h.queue_depth, kv_cells_used=h.kv_cells_used,
                        kv_cells_total=h.kv_cells_total)
+
+    def take_work(self) -> tuple[tt.WorkEntry, ...]:
+        return take_work(self._channel)
 
     def stop(self, grace: float = 10.0) -> None:
         if self._channel is not None:

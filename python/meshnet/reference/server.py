@@ -90,6 +90,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         self._sessions: dict[tuple[str, int], _Session] = {}
         self._epochs: dict[str, int] = {}
         self._results: dict[tuple[str, int], queue.Queue] = {}
+        self._work: dict[tuple[str, int], list[int]] = {}  # (prefill, decode) tokens not yet taken
         threading.Thread(target=self._reap_idle, daemon=True).start()
 
     def _reap_idle(self) -> None:
@@ -107,6 +108,16 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
 
     def Hello(self, request, context):  # noqa: N802
         return seam.to_proto(seam.negotiate(seam.from_proto(request), self.node_id))
+
+    def TakeWork(self, request, context):  # noqa: N802
+        """Returns and resets the tokens processed per session (the node reports them)."""
+        with self._lock:
+            taken, self._work = self._work, {}
+        reply = shard_pb2.TakeWorkReply()
+        for (sid, epoch), (prefill, decode) in sorted(taken.items()):
+            reply.work.add(session=shard_pb2.RouteSession(session_id=sid, epoch=epoch), prefill_tokens=prefill,
+                           decode_tokens=decode)
+        return reply
 
     def Health(self, request, context):  # noqa: N802
         sessions, tokens = self.engine.stats()
@@ -247,6 +258,9 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
             self._forward(session, frame, out)
         reply = self._reply(frame, Status(StatusCode.OK), t.CacheState(length))
         session.last_step, session.last_reply = frame.step, reply
+        with self._lock:
+            counts = self._work.setdefault(session.key, [0, 0])
+            counts[1 if frame.phase == t.Phase.DECODE else 0] += frame.span.count
         return reply
 
     def _forward(self, session: _Session, frame: t.SeamFrame, hidden: torch.Tensor) -> None:

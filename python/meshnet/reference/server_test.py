@@ -14,7 +14,7 @@ import torch
 
 from meshnet.protocol import seam
 from meshnet.reference.server import ShardServer
-from meshnet.shard.v1 import shard_pb2_grpc
+from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import seam as t
 from meshnet.types.status import StatusCode
 
@@ -99,6 +99,10 @@ def test_steps_results_replay_and_fencing(served):
     replay = stream.send(frame(s1, 1, tokens=(1, 2, 3)))
     assert replay.replayed and replay.cache.length == 3 and engine.steps == 1  # answered, not recomputed
     assert stream.send(frame(s1, 2, t.Phase.DECODE, 3, (4,))).cache.length == 4
+    work = stub.TakeWork(shard_pb2.TakeWorkRequest())
+    assert [(w.session.session_id, w.session.epoch, w.prefill_tokens, w.decode_tokens) for w in work.work] == \
+        [("s", 1, 3, 1)]  # the replayed step is not counted twice
+    assert not stub.TakeWork(shard_pb2.TakeWorkRequest()).work  # taken means reset
     old = stream.send(frame(s1, 1, tokens=(9,)))
     assert old.status.code == StatusCode.INVALID_ARGUMENT  # older than the last step
     newer = Stream(stub)
