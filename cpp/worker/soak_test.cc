@@ -177,7 +177,9 @@ TEST(SoakTest, CancelAtRandomPointsFreesKvAndKeepsRss) {
       step.span = protocol::TokenSpan{length, 1};
       step.token_ids = {token};
     }
-    if (in_flight) ASSERT_TRUE(seam->Write(Message(step)));
+    if (in_flight) {
+      ASSERT_TRUE(seam->Write(Message(step)));
+    }
 
     const auto ended_at = std::chrono::steady_clock::now();
     switch (ending) {
