@@ -19,6 +19,7 @@
 #include "cpp/protocol/bundle.h"
 #include "cpp/protocol/tensor.h"
 #include "cpp/worker/service.h"
+#include "cpp/worker/test_hop.h"
 
 namespace meshnet::worker {
 namespace {
@@ -29,95 +30,8 @@ using protocol::Phase;
 
 constexpr int kEmbd = 32, kVocab = 64, kCtx = 256;
 
-std::string Fixture() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(dir ? dir : "/tmp") + "/bad_input_test_tiny.gguf";
-  std::string error;
-  engine::TinyLlamaOptions options;
-  EXPECT_EQ(options.n_embd, kEmbd);
-  EXPECT_EQ(options.n_vocab, kVocab);
-  EXPECT_TRUE(engine::WriteTinyLlama(path, options, &error)) << error;
-  return path;
-}
-
 protocol::Fingerprints NodeFingerprints() {
   return protocol::Fingerprints{"sha256:" + std::string(64, 'a'), "sha256:" + std::string(64, 'b')};
-}
-
-struct Hop {
-  Hop(const std::string& path, int start, int end, const std::string& id) {
-    SchedulerOptions options;
-    options.model.path = path;
-    options.model.layer_start = start;
-    options.model.layer_end = end;
-    options.context.n_seq = 3;
-    options.context.n_ctx = kCtx;
-    options.context.n_threads = 1;
-    options.max_batch_tokens = 16;
-    options.max_prefill_chunk = 4;
-    std::string error;
-    scheduler = Scheduler::Start(options, &error);
-    EXPECT_NE(scheduler, nullptr) << error;
-    ServiceOptions service_options;
-    service_options.node_id = id;
-    service_options.fingerprints = NodeFingerprints();
-    // Room for the good session and the two bad ones that legitimately hold KV on hop 2; a bad
-    // first frame must not keep a sequence id, or hop 1 would run out of them.
-    service_options.sessions.max_sessions = 3;
-    service = std::make_unique<ShardService>(scheduler.get(), service_options);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service.get());
-    server = builder.BuildAndStart();
-  }
-  ~Hop() {
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    service.reset();
-    scheduler.reset();
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
-
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<ShardService> service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-};
-
-pb::HealthReply Health(pb::Shard::Stub& stub) {
-  grpc::ClientContext context;
-  pb::HealthReply reply;
-  EXPECT_TRUE(stub.Health(&context, pb::HealthRequest(), &reply).ok());
-  return reply;
-}
-
-// Greedy continuation of `prompt` by the whole model, through the scheduler.
-std::vector<uint32_t> WholeModelGreedy(const std::string& path, std::vector<int32_t> prompt, int n) {
-  SchedulerOptions options;
-  options.model.path = path;
-  options.context.n_threads = 1;
-  std::string error;
-  auto scheduler = Scheduler::Start(options, &error);
-  EXPECT_NE(scheduler, nullptr) << error;
-  std::vector<uint32_t> out;
-  int32_t pos = 0;
-  for (int i = 0; i < n; ++i) {
-    std::promise<std::vector<float>> done;
-    WorkItem item;
-    item.seq = 0;
-    item.pos = pos;
-    item.tokens = prompt;
-    item.done = [&done](const protocol::Status&, std::vector<float> logits) {
-      done.set_value(std::move(logits));
-    };
-    EXPECT_TRUE(scheduler->Submit(std::move(item)).ok());
-    std::vector<float> logits = done.get_future().get();
-    pos += static_cast<int32_t>(prompt.size());
-    int32_t token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                         logits.begin());
-    out.push_back(token);
-    prompt = {token};
-  }
-  return out;
 }
 
 // One client Seam stream to a hop.
@@ -201,7 +115,7 @@ struct BadCase {
 };
 
 TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
-  std::string path = Fixture();
+  std::string path = test_support::WriteFixture("bad_input_test_tiny.gguf");
   const std::vector<int32_t> prompt = {1, 7, 9, 12, 20, 3, 5, 30};
   std::vector<BadCase> cases;
   {
@@ -270,9 +184,15 @@ TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
                      HiddenFrame("bad-epoch", 1, 2, 1, 1, {1, kEmbd}), Code::kStaleEpoch});
   }
   const int n = static_cast<int>(cases.size());
-  std::vector<uint32_t> expected = WholeModelGreedy(path, prompt, n + 1);
+  std::vector<uint32_t> expected = test_support::WholeModelGreedy(path, prompt, n + 1);
 
-  Hop hop1(path, 0, 2, "hop-1"), hop2(path, 2, -1, "hop-2");
+  ServiceOptions service_options;
+  service_options.fingerprints = NodeFingerprints();
+  // Room for the good session and the two bad ones that legitimately hold KV on hop 2; a bad
+  // first frame must not keep a sequence id, or hop 1 would run out of them.
+  service_options.sessions.max_sessions = 3;
+  test_support::TestHop hop1(path, 0, 2, "hop-1", 3, service_options),
+      hop2(path, 2, -1, "hop-2", 3, service_options);
   ASSERT_TRUE(hop1.server && hop2.server);
   auto stub1 = pb::Shard::NewStub(
       grpc::CreateChannel(hop1.address(), grpc::InsecureChannelCredentials()));
@@ -358,8 +278,8 @@ TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
 
   pb::HealthReply health1, health2;
   for (int i = 0; i < 100; ++i) {
-    health1 = Health(*stub1);
-    health2 = Health(*stub2);
+    health1 = test_support::Health(*stub1);
+    health2 = test_support::Health(*stub2);
     if (health1.active_sessions() == 0 && health2.active_sessions() == 0 &&
         health1.kv_cells_used() == 0 && health2.kv_cells_used() == 0 &&
         hop1.service->free_seqs() == 3 && hop2.service->free_seqs() == 3) {

@@ -13,86 +13,13 @@
 #include <vector>
 
 #include "cpp/engine/tiny_llama.h"
+#include "cpp/worker/test_hop.h"
 
 namespace meshnet::worker {
 namespace {
 
 namespace pb = meshnet::shard::v1;
 using protocol::Code;
-
-std::string Fixture() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(dir ? dir : "/tmp") + "/service_test_tiny.gguf";
-  std::string error;
-  EXPECT_TRUE(engine::WriteTinyLlama(path, engine::TinyLlamaOptions(), &error)) << error;
-  return path;
-}
-
-struct Hop {
-  Hop(const std::string& path, int start, int end, const std::string& id) {
-    SchedulerOptions options;
-    options.model.path = path;
-    options.model.layer_start = start;
-    options.model.layer_end = end;
-    options.context.n_seq = 2;
-    options.context.n_ctx = 256;
-    options.context.n_threads = 1;
-    options.max_batch_tokens = 16;
-    options.max_prefill_chunk = 4;
-    std::string error;
-    scheduler = Scheduler::Start(options, &error);
-    EXPECT_NE(scheduler, nullptr) << error;
-    ServiceOptions service_options;
-    service_options.node_id = id;
-    service_options.sessions.max_sessions = 2;
-    service = std::make_unique<ShardService>(scheduler.get(), service_options);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service.get());
-    server = builder.BuildAndStart();
-  }
-  ~Hop() {
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    service.reset();
-    scheduler.reset();
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
-
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<ShardService> service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-};
-
-// Greedy continuation of `prompt` by the whole model, through the scheduler.
-std::vector<uint32_t> WholeModelGreedy(const std::string& path, std::vector<int32_t> prompt, int n) {
-  SchedulerOptions options;
-  options.model.path = path;
-  options.context.n_threads = 1;
-  std::string error;
-  auto scheduler = Scheduler::Start(options, &error);
-  EXPECT_NE(scheduler, nullptr) << error;
-  std::vector<uint32_t> out;
-  int32_t pos = 0;
-  for (int i = 0; i < n; ++i) {
-    std::promise<std::vector<float>> done;
-    WorkItem item;
-    item.seq = 0;
-    item.pos = pos;
-    item.tokens = prompt;
-    item.done = [&done](const protocol::Status&, std::vector<float> logits) {
-      done.set_value(std::move(logits));
-    };
-    EXPECT_TRUE(scheduler->Submit(std::move(item)).ok());
-    std::vector<float> logits = done.get_future().get();
-    pos += static_cast<int32_t>(prompt.size());
-    int32_t token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                         logits.begin());
-    out.push_back(token);
-    prompt = {token};
-  }
-  return out;
-}
 
 protocol::SeamFrame Frame(protocol::Phase phase, uint64_t step) {
   protocol::SeamFrame frame;
@@ -104,12 +31,15 @@ protocol::SeamFrame Frame(protocol::Phase phase, uint64_t step) {
 }
 
 TEST(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
-  std::string path = Fixture();
+  std::string path = test_support::WriteFixture("service_test_tiny.gguf");
   const std::vector<int32_t> prompt = {1, 7, 9, 12, 20, 3};
   const int n = 6;
-  std::vector<uint32_t> expected = WholeModelGreedy(path, prompt, n);
+  std::vector<uint32_t> expected = test_support::WholeModelGreedy(path, prompt, n);
 
-  Hop hop1(path, 0, 2, "hop-1"), hop2(path, 2, -1, "hop-2");
+  ServiceOptions service_options;
+  service_options.sessions.max_sessions = 2;
+  test_support::TestHop hop1(path, 0, 2, "hop-1", 2, service_options),
+      hop2(path, 2, -1, "hop-2", 2, service_options);
   ASSERT_TRUE(hop1.server && hop2.server);
   auto channel1 = grpc::CreateChannel(hop1.address(), grpc::InsecureChannelCredentials());
   auto channel2 = grpc::CreateChannel(hop2.address(), grpc::InsecureChannelCredentials());

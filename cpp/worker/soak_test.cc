@@ -20,6 +20,7 @@
 #include "cpp/engine/engine.h"
 #include "cpp/engine/tiny_llama.h"
 #include "cpp/worker/service.h"
+#include "cpp/worker/test_hop.h"
 
 namespace meshnet::worker {
 namespace {
@@ -31,58 +32,6 @@ constexpr int kWarmup = 10, kVocab = 64;
 // SOAK_CYCLES overrides the 200 cycles (for longer local runs); SOAK_TRACE prints RSS every 50.
 const int kCycles = std::getenv("SOAK_CYCLES") ? std::max(kWarmup, std::atoi(std::getenv("SOAK_CYCLES"))) : 200;
 
-std::string Fixture() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(dir ? dir : "/tmp") + "/soak_test_tiny.gguf";
-  std::string error;
-  EXPECT_TRUE(engine::WriteTinyLlama(path, engine::TinyLlamaOptions(), &error)) << error;
-  return path;
-}
-
-struct Hop {
-  Hop(const std::string& path, int start, int end, const std::string& id) {
-    SchedulerOptions options;
-    options.model.path = path;
-    options.model.layer_start = start;
-    options.model.layer_end = end;
-    options.context.n_seq = 2;
-    options.context.n_ctx = 256;
-    options.context.n_threads = 1;
-    options.max_batch_tokens = 16;
-    options.max_prefill_chunk = 4;
-    std::string error;
-    scheduler = Scheduler::Start(options, &error);
-    EXPECT_NE(scheduler, nullptr) << error;
-    ServiceOptions service_options;
-    service_options.node_id = id;
-    service_options.sessions.max_sessions = 2;
-    service_options.results_grace = std::chrono::milliseconds(100);
-    service = std::make_unique<ShardService>(scheduler.get(), service_options);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service.get());
-    server = builder.BuildAndStart();
-  }
-  ~Hop() {
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    service.reset();
-    scheduler.reset();
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
-
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<ShardService> service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-};
-
-pb::HealthReply Health(pb::Shard::Stub& stub) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  pb::HealthReply reply;
-  EXPECT_TRUE(stub.Health(&context, pb::HealthRequest(), &reply).ok());
-  return reply;
-}
 
 pb::SeamFrame Message(const protocol::SeamFrame& frame) {
   pb::SeamFrame message;
@@ -99,8 +48,12 @@ TEST(SoakTest, CancelAtRandomPointsFreesKvAndKeepsRss) {
   // (bounded, not a leak: with one arena the same run grows 2.5% over 1000 cycles). Cap arenas as
   // the worker binary would, so the 5% bound measures the service, not the allocator.
   mallopt(M_ARENA_MAX, 2);
-  std::string path = Fixture();
-  Hop hop1(path, 0, 2, "hop-1"), hop2(path, 2, -1, "hop-2");
+  std::string path = test_support::WriteFixture("soak_test_tiny.gguf");
+  ServiceOptions service_options;
+  service_options.sessions.max_sessions = 2;
+  service_options.results_grace = std::chrono::milliseconds(100);
+  test_support::TestHop hop1(path, 0, 2, "hop-1", 2, service_options),
+      hop2(path, 2, -1, "hop-2", 2, service_options);
   ASSERT_TRUE(hop1.server && hop2.server);
   auto stub1 = pb::Shard::NewStub(
       grpc::CreateChannel(hop1.address(), grpc::InsecureChannelCredentials()));
@@ -226,8 +179,8 @@ TEST(SoakTest, CancelAtRandomPointsFreesKvAndKeepsRss) {
     pb::HealthReply h1, h2;
     double free_ms = 0;
     while (true) {
-      h1 = Health(*stub1);
-      h2 = Health(*stub2);
+      h1 = test_support::Health(*stub1, std::chrono::seconds(1));
+      h2 = test_support::Health(*stub2, std::chrono::seconds(1));
       free_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                           ended_at)
                     .count();
@@ -256,7 +209,8 @@ TEST(SoakTest, CancelAtRandomPointsFreesKvAndKeepsRss) {
     }
   }
 
-  pb::HealthReply h1 = Health(*stub1), h2 = Health(*stub2);
+  pb::HealthReply h1 = test_support::Health(*stub1, std::chrono::seconds(1));
+  pb::HealthReply h2 = test_support::Health(*stub2, std::chrono::seconds(1));
   const double growth = (double(rss_end) - double(rss_warm)) / double(rss_warm);
   std::printf(
       "soak: %d cycles (cancel %d, release %d, half-close %d, drop %d; %d with a step in "
