@@ -1,0 +1,89 @@
+"""Checks a benchmark results JSON against docs/performance-contract.json.
+
+  bazel run //python:check_contract -- --results results.json [--contract docs/performance-contract.json]
+
+Every check compares two figures of the same run (a ratio), prints its measured ratio with
+PASS/FAIL, and the command exits 1 if any check fails or lacks its inputs (a lane that did not
+run is reported as missing, never as passing). Results layout: {"lanes": {lane: {metric: value,
+..., "nodes": [{"peak_rss_bytes", "weight_bytes", "kv_bytes"}, ...]}}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    check: str
+    passed: bool
+    measured: Optional[float]  # the ratio (or worst per-node ratio); None when inputs are missing
+    required: str  # e.g. ">= 0.95"
+    detail: str
+
+
+def _figure(results: dict, lane: str, metric: str) -> Optional[float]:
+    value = results.get("lanes", {}).get(lane, {}).get(metric)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _per_node_rss(check: dict, results: dict) -> Outcome:
+    nodes = results.get("lanes", {}).get(check["lane"], {}).get("nodes")
+    required = f"<= {check['ratio']} x (weights + KV) + {check['slack_mib']} MiB"
+    if not nodes:
+        return Outcome(check["id"], False, None, required, f"lane {check['lane']} has no per-node figures")
+    worst = 0.0
+    for node in nodes:
+        budget = check["ratio"] * (node["weight_bytes"] + node["kv_bytes"]) + check["slack_mib"] * MIB
+        worst = max(worst, node["peak_rss_bytes"] / budget)
+    return Outcome(check["id"], worst <= 1.0, worst, required, f"worst node uses {worst:.3f} of its budget")
+
+
+def evaluate(contract: dict, results: dict) -> list[Outcome]:
+    outcomes = []
+    for check in contract["checks"]:
+        if check.get("kind") == "per_node_rss":
+            outcomes.append(_per_node_rss(check, results))
+            continue
+        required = f"{check['op']} {check['ratio']}"
+        value = _figure(results, check["lane"], check["metric"])
+        base = _figure(results, check["baseline_lane"], check["baseline_metric"])
+        if value is None or base is None or base == 0:
+            missing = [f"{lane}.{metric}" for lane, metric, v in ((check["lane"], check["metric"], value),
+                                                                  (check["baseline_lane"], check["baseline_metric"], base))
+                       if v is None or v == 0]
+            outcomes.append(Outcome(check["id"], False, None, required, f"not measured: {', '.join(missing)}"))
+            continue
+        ratio = value / base
+        passed = ratio >= check["ratio"] if check["op"] == ">=" else ratio <= check["ratio"]
+        outcomes.append(Outcome(check["id"], passed, ratio, required,
+                                f"{check['lane']}.{check['metric']}={value:g} / "
+                                f"{check['baseline_lane']}.{check['baseline_metric']}={base:g}"))
+    return outcomes
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = Path(os.environ.get("BUILD_WORKSPACE_DIRECTORY", ".")) / "docs" / "performance-contract.json"
+    parser.add_argument("--contract", type=Path, default=default)
+    parser.add_argument("--results", type=Path, required=True)
+    args = parser.parse_args(argv)
+    outcomes = evaluate(json.loads(args.contract.read_text()), json.loads(args.results.read_text()))
+    for o in outcomes:
+        measured = "  n/a " if o.measured is None else f"{o.measured:6.3f}"
+        print(f"{'PASS' if o.passed else 'FAIL'}  {o.check:40s} {measured}  (needs {o.required}; {o.detail})")
+    failed = sum(not o.passed for o in outcomes)
+    print(f"{len(outcomes) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

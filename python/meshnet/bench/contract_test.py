@@ -1,0 +1,63 @@
+"""The contract checker: ratios, directions, missing lanes, per-node RSS; and the committed
+contract file is well formed (every check names its lanes, metrics, op and ratio)."""
+
+import json
+import os
+from pathlib import Path
+
+from meshnet.bench import contract
+
+CONTRACT = {"checks": [
+    {"id": "faster", "lane": "a", "metric": "decode_tok_s", "baseline_lane": "b", "baseline_metric": "decode_tok_s",
+     "op": ">=", "ratio": 0.95},
+    {"id": "quicker", "lane": "a", "metric": "ttft_ms", "baseline_lane": "b", "baseline_metric": "ttft_ms",
+     "op": "<=", "ratio": 1.15},
+    {"id": "rpc", "lane": "a", "metric": "decode_tok_s", "baseline_lane": "rpc", "baseline_metric": "decode_tok_s",
+     "op": ">=", "ratio": 2.0},
+    {"id": "rss", "kind": "per_node_rss", "lane": "a", "ratio": 1.15, "slack_mib": 64},
+]}
+
+
+def outcomes(results):
+    return {o.check: o for o in contract.evaluate(CONTRACT, results)}
+
+
+def test_ratios_and_directions():
+    got = outcomes({"lanes": {"a": {"decode_tok_s": 96.0, "ttft_ms": 120.0}, "b": {"decode_tok_s": 100.0, "ttft_ms": 100.0}}})
+    assert got["faster"].passed and abs(got["faster"].measured - 0.96) < 1e-9
+    assert not got["quicker"].passed and abs(got["quicker"].measured - 1.2) < 1e-9
+
+
+def test_missing_lane_fails_never_passes():
+    got = outcomes({"lanes": {"a": {"decode_tok_s": 96.0}}})
+    assert not got["rpc"].passed and got["rpc"].measured is None and "rpc.decode_tok_s" in got["rpc"].detail
+    assert not got["rss"].passed and got["rss"].measured is None
+
+
+def test_per_node_rss_budget():
+    mib = 1 << 20
+    node = {"weight_bytes": 50 * mib, "kv_bytes": 10 * mib}
+    ok = outcomes({"lanes": {"a": {"nodes": [dict(node, peak_rss_bytes=130 * mib)]}}})  # budget 133 MiB
+    assert ok["rss"].passed
+    over = outcomes({"lanes": {"a": {"nodes": [dict(node, peak_rss_bytes=140 * mib)]}}})
+    assert not over["rss"].passed and over["rss"].measured > 1.0
+
+
+def test_main_prints_every_check_and_fails(tmp_path, capsys):
+    (tmp_path / "c.json").write_text(json.dumps(CONTRACT))
+    (tmp_path / "r.json").write_text(json.dumps({"lanes": {"a": {"decode_tok_s": 1.0}, "b": {"decode_tok_s": 1.0}}}))
+    assert contract.main(["--contract", str(tmp_path / "c.json"), "--results", str(tmp_path / "r.json")]) == 1
+    out = capsys.readouterr().out
+    assert "PASS  faster" in out and "FAIL  rpc" in out and "1 passed, 3 failed" in out
+
+
+def test_committed_contract_is_well_formed():
+    committed = json.loads(Path(os.environ["MESHNET_CONTRACT"]).read_text())
+    ids = [c["id"] for c in committed["checks"]]
+    assert len(ids) == len(set(ids)) == 9
+    for check in committed["checks"]:
+        if check.get("kind") == "per_node_rss":
+            assert {"lane", "ratio", "slack_mib"} <= set(check)
+        else:
+            assert {"lane", "metric", "baseline_lane", "baseline_metric", "op", "ratio"} <= set(check)
+            assert check["op"] in (">=", "<=") and check["ratio"] > 0
