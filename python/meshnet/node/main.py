@@ -21,8 +21,8 @@ import torch
 from meshnet.node.backends import GgufBackend, ReferenceBackend
 from meshnet.process import log, read_secret, stop_on_signals, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.recipe.certify import node_fingerprints
-from meshnet.recipe.fingerprint import range_fingerprint
+from meshnet.recipe.certify import recipe_of
+from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
 from meshnet.types import tracker as tt
 from meshnet.types.ids import NodeId
 from meshnet.types.seam import Fingerprints, ProtocolVersion
@@ -81,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     start, end = args.layers
     torch.set_num_threads(args.threads)
 
-    summary, artifact, recipe = node_fingerprints(args.gguf, args.backend)
-    if end > summary.n_layer:
-        parser.error(f"--layers {start}:{end} exceeds the model's {summary.n_layer} layers")
-    range_fp = range_fingerprint(args.gguf, start, end)
+    try:
+        summary, range_fp = summarize_range(args.gguf, start, end)  # one parse of the GGUF
+    except ValueError as err:
+        parser.error(f"--layers {start}:{end}: {err}")
+    artifact = artifact_fingerprint(args.gguf)
+    recipe = recipe_of(summary, args.backend).fingerprint()
     node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
     if args.backend == "gguf":
         backend = GgufBackend(Path(args.worker_binary), args.gguf, (start, end), args.listen, node_id,

@@ -37,3 +37,9 @@ def test_cli_appends_and_replaces(gguf, tmp_path):
         assert proc.returncode == 0, proc.stderr
     entries = json.loads(models.read_text())
     assert [e["model"] for e in entries] == ["other", "tiny"] and "stale" not in entries[1]
+
+
+def test_summarize_range_is_the_summary_and_the_range_fingerprint(gguf):
+    from meshnet.recipe.fingerprint import gguf_summary, range_fingerprint, summarize_range
+
+    assert summarize_range(gguf, 1, 3) == (gguf_summary(gguf), range_fingerprint(gguf, 1, 3))

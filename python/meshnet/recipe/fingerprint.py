@@ -235,6 +235,12 @@ def range_fingerprint(path: PathLike, layer_start: int, layer_end: int) -> str:
     GGUFReader gives it), followed by exactly n_bytes raw tensor bytes. Ownership is in
     `owned_tensor_names`. Nothing else of the file (metadata, other layers) enters the hash.
     """
+    return summarize_range(path, layer_start, layer_end)[1]
+
+
+def summarize_range(path: PathLike, layer_start: int, layer_end: int) -> tuple[GgufSummary, str]:
+    """(gguf_summary, range_fingerprint) from one parse of the file; parsing (mostly the
+    tokenizer's strings) is the slow part, so a node starting up asks for both at once."""
     reader = _open_reader(path)
     summary = _summarize(reader, path)
     tensors = {t.name: t for t in reader.tensors}
@@ -244,7 +250,7 @@ def range_fingerprint(path: PathLike, layer_start: int, layer_end: int) -> str:
         header = [name, t.tensor_type.name, [int(d) for d in t.shape], int(t.n_bytes)]
         hasher.update(json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n")
         hasher.update(reader.data[t.data_offset : t.data_offset + t.n_bytes])
-    return "sha256:" + hasher.hexdigest()
+    return summary, "sha256:" + hasher.hexdigest()
 
 
 def owned_tensor_names(
