@@ -104,6 +104,11 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
                 self._end(key, t.FinishReason.ERROR, Status(StatusCode.DEADLINE_EXCEEDED,
                                                             f"session idle for over {self.idle_seconds:g}s"))
 
+    def session_records(self) -> int:
+        """Sessions this server tracks (any thread); each holds a slot until it ends."""
+        with self._lock:
+            return len(self._sessions)
+
     # ---- unary ------------------------------------------------------------------------------
 
     def Hello(self, request, context):  # noqa: N802
@@ -217,8 +222,8 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         try:
             return self._step(session, frame)
         except ProtocolError as err:
-            if err.code == StatusCode.RESOURCE_EXHAUSTED and session.last_step == 0:
-                self._end(key, t.FinishReason.ERROR, err.status)
+            if session.last_step == 0:  # a session whose first step failed holds nothing: free its slot
+                self._end(key, t.FinishReason.ERROR, err.status, close_results=False)
                 owned.discard(key)
             return self._reply(frame, err.status)
 
@@ -283,8 +288,10 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         self._push_result(session.key, t.ResultFrame(seam.PROTOCOL_VERSION, frame.session, frame.step, (token,), finish,
                                                      Status(StatusCode.OK)))
 
-    def _end(self, key, reason: t.FinishReason, status: Status, forward: Optional[t.SeamFrame] = None) -> None:
-        """Frees the session's KV, passes a release/cancel on, and closes its results."""
+    def _end(self, key, reason: t.FinishReason, status: Status, forward: Optional[t.SeamFrame] = None,
+             close_results: bool = True) -> None:
+        """Frees the session's KV, passes a release/cancel on, and closes its results (unless
+        `close_results` is False: a failed first step leaves the client's Results open for a retry)."""
         with self._lock:
             session = self._sessions.pop(key, None)
         self.engine.release(key)
@@ -292,7 +299,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
             if forward is not None:
                 session.downstream.send(dataclasses.replace(forward, downstream=forward.downstream[1:]))
             session.downstream.close()
-        if self.engine.shard.last:
+        if self.engine.shard.last and close_results:
             self._push_result(key, t.ResultFrame(seam.PROTOCOL_VERSION, t.RouteSession(key[0], key[1]), 0, (), reason,
                                                  status), close=True)
 

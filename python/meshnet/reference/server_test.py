@@ -54,6 +54,7 @@ class FakeEngine:
 def served():
     engine = FakeEngine()
     shard = ShardServer(engine, "fake-node", idle_seconds=0.6)
+    engine.server = shard  # lets tests read the server's session table
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     shard_pb2_grpc.add_ShardServicer_to_server(shard, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -114,6 +115,18 @@ def test_steps_results_replay_and_fencing(served):
     wait_until(lambda: engine.stats()[0] == 0)
     stream.close()
     newer.close()
+
+
+def test_a_failed_first_step_frees_the_session(served):
+    engine, stub = served
+    stream = Stream(stub)
+    bad = stream.send(t.SeamFrame(seam.PROTOCOL_VERSION, t.RouteSession("x", 1), t.Phase.PREFILL, 1,
+                                  span=t.TokenSpan(0, 2), token_ids=(1,)))  # 1 token for a span of 2
+    assert bad.status.code == StatusCode.INVALID_ARGUMENT
+    assert engine.server.session_records() == 0  # freed at once, not at stream loss or idle reap
+    assert stream.send(frame(t.RouteSession("x", 1), 1)).status.ok  # the retry gets a fresh slot
+    stream.close()
+    wait_until(lambda: engine.stats()[0] == 0)
 
 
 def test_stream_loss_and_idle_deadline_free_sessions(served):
