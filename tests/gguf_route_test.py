@@ -25,19 +25,11 @@ from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
+from route_cases import MORE_PROMPTS, PROMPTS, TOKENS, generate
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
 GREEDY = Path(os.environ["MESHNET_GREEDY_BINARY"]).resolve()
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Water boils at",
-    "List three primary colors:",
-]
-MORE_PROMPTS = ["Once upon a time", "The largest planet is", "1, 2, 3, 4,"]
-TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +61,6 @@ def tracker(swarm):
     with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as client:
         yield client
 
-
-def generate(tracker, tokenizer, prompt, tokens=TOKENS):
-    session = RouteSession(tracker, "smollm2")
-    return list(session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=tokens)))
 
 
 def health(swarm) -> dict[str, shard_pb2.HealthReply]:
