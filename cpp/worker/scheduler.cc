@@ -1,6 +1,7 @@
 #include "cpp/worker/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <utility>
 
@@ -197,7 +198,10 @@ void Scheduler::Step(engine::Context& ctx) {
     }
   }
   std::string error;
+  const auto decode_start = std::chrono::steady_clock::now();
   bool ok = ctx.Decode(batch, &error);
+  const auto decode_us = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - decode_start).count();
   std::vector<std::shared_ptr<Pending>> finished;
   int row = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -228,6 +232,7 @@ void Scheduler::Step(engine::Context& ctx) {
     }
     stats_.queue_depth = static_cast<int>(pending_.size());
     stats_.batches += 1;
+    stats_.compute_us += static_cast<uint64_t>(decode_us);
     stats_.rows += batch.size();
     stats_.last_batch_rows = batch.size();
     stats_.last_batch_items = static_cast<int>(plan.size());

@@ -79,6 +79,7 @@ struct SchedulerStats {
   int last_batch_items = 0;     // sessions in the latest Decode
   int max_batch_items = 0;      // most sessions in one Decode since start
   uint64_t kv_cells_used = 0;   // positions held over all live sequences
+  uint64_t compute_us = 0;      // wall time inside Decode calls
 };
 
 class Scheduler {

@@ -297,6 +297,9 @@ grpc::Status ShardService::Health(grpc::ServerContext*, const pb::HealthRequest*
   reply->set_mean_batch_rows(
       stats.batches == 0 ? 0.0f : static_cast<float>(double(stats.rows) / double(stats.batches)));
   reply->set_max_batch_sessions(static_cast<uint32_t>(stats.max_batch_items));
+  reply->set_compute_us(stats.compute_us);
+  reply->set_seam_frames_in(seam_frames_in_.load());
+  reply->set_seam_bytes_in(seam_bytes_in_.load());
   return grpc::Status::OK;
 }
 
@@ -344,6 +347,8 @@ grpc::Status ShardService::Seam(grpc::ServerContext*,
   std::set<SessionKey> owned;
   pb::SeamFrame message;
   while (stream->Read(&message)) {
+    seam_frames_in_.fetch_add(1);
+    seam_bytes_in_.fetch_add(message.ByteSizeLong());
     std::optional<protocol::SeamReply> reply = Handle(message, upstream, &owned);
     if (reply.has_value()) upstream->Write(*reply);
   }

@@ -14,6 +14,7 @@
 #ifndef MESHNET_CPP_WORKER_SERVICE_H_
 #define MESHNET_CPP_WORKER_SERVICE_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -91,6 +92,8 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   Scheduler* const scheduler_;
   const ServiceOptions options_;
   SessionTable table_;
+  std::atomic<uint64_t> seam_frames_in_{0};  // Health counters
+  std::atomic<uint64_t> seam_bytes_in_{0};
   std::mutex mu_;  // guards live_, results_, stopping_
   std::map<SessionKey, std::shared_ptr<Live>> live_;
   std::map<SessionKey, std::shared_ptr<ResultQueue>> results_;

@@ -4,14 +4,15 @@ Source: the pip sdist pinned in third_party/versions.bzl (hash-checked by pip), 
 vendor/llama.cpp is a git checkout. tools/llama_cpp/prepare_source.sh verifies HEAD is the pinned
 commit and the tree is clean, then applies the series with `git am`; any mismatch fails the
 fetch with a message. `--repo_env=MESHNET_LLAMA_PATCH_LEVEL=N` applies only the first N patches
-(bisecting); the default is all of them. third_party/llama_cpp/llama_cpp.BUILD is the overlay.
+(bisecting); the default is all of them. @llama_cpp_upstream is the same pin with no patches and
+ignores that variable: the benchmarks' unpatched baseline. third_party/llama_cpp/llama_cpp.BUILD is the overlay.
 """
 
 load("//third_party:pip_download.bzl", "pip_download")
 
 def _llama_cpp_impl(rctx):
     patches = [rctx.path(p) for p in rctx.attr.patches]
-    level_env = rctx.os.environ.get("MESHNET_LLAMA_PATCH_LEVEL", "")
+    level_env = rctx.os.environ.get("MESHNET_LLAMA_PATCH_LEVEL", "") if rctx.attr.patch_level_env else ""
     level = str(len(patches)) if level_env in ("", "all") else level_env
     sdist = pip_download(rctx, rctx.attr.sdist, rctx.attr.sdist_sha256, sdist = True)
     script = rctx.path(rctx.attr._prepare)
@@ -50,6 +51,7 @@ llama_cpp_repository = repository_rule(
         "sdist_subdir": attr.string(mandatory = True),
         "patches": attr.label_list(allow_files = [".patch"]),
         "build_file": attr.label(mandatory = True, allow_single_file = True),
+        "patch_level_env": attr.bool(default = True),
         "_prepare": attr.label(default = "//tools/llama_cpp:prepare_source.sh", allow_single_file = True),
     },
     environ = ["MESHNET_LLAMA_PATCH_LEVEL", "MESHNET_PYTHON"],

@@ -4,8 +4,10 @@
 
 Every check compares two figures of the same run (a ratio), prints its measured ratio with
 PASS/FAIL, and the command exits 1 if any check fails or lacks its inputs (a lane that did not
-run is reported as missing, never as passing). Results layout: {"lanes": {lane: {metric: value,
-..., "nodes": [{"peak_rss_bytes", "weight_bytes", "kv_bytes"}, ...]}}}.
+run is reported as missing, never as passing). A check of kind "absolute" compares one figure
+with a fixed value (the drift floor). Results layout: {"lanes": {lane: {metric: value, ...,
+"nodes": [{"peak_rss_bytes", "weight_bytes", "kv_bytes"}, ...]}}}; the bench's results.json
+carries that layout under "contract_figures", which is read when present.
 """
 
 from __future__ import annotations
@@ -30,13 +32,17 @@ class Outcome:
     detail: str
 
 
+def _lanes(results: dict) -> dict:
+    return results.get("contract_figures", results).get("lanes", {})
+
+
 def _figure(results: dict, lane: str, metric: str) -> Optional[float]:
-    value = results.get("lanes", {}).get(lane, {}).get(metric)
+    value = _lanes(results).get(lane, {}).get(metric)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _per_node_rss(check: dict, results: dict) -> Outcome:
-    nodes = results.get("lanes", {}).get(check["lane"], {}).get("nodes")
+    nodes = _lanes(results).get(check["lane"], {}).get("nodes")
     required = f"<= {check['ratio']} x (weights + KV) + {check['slack_mib']} MiB"
     if not nodes:
         return Outcome(check["id"], False, None, required, f"lane {check['lane']} has no per-node figures")
@@ -47,11 +53,23 @@ def _per_node_rss(check: dict, results: dict) -> Outcome:
     return Outcome(check["id"], worst <= 1.0, worst, required, f"worst node uses {worst:.3f} of its budget")
 
 
+def _absolute(check: dict, results: dict) -> Outcome:
+    required = f"{check['op']} {check['value']}"
+    value = _figure(results, check["lane"], check["metric"])
+    if value is None:
+        return Outcome(check["id"], False, None, required, f"not measured: {check['lane']}.{check['metric']}")
+    passed = value >= check["value"] if check["op"] == ">=" else value <= check["value"]
+    return Outcome(check["id"], passed, value, required, f"{check['lane']}.{check['metric']}={value:g}")
+
+
 def evaluate(contract: dict, results: dict) -> list[Outcome]:
     outcomes = []
     for check in contract["checks"]:
         if check.get("kind") == "per_node_rss":
             outcomes.append(_per_node_rss(check, results))
+            continue
+        if check.get("kind") == "absolute":
+            outcomes.append(_absolute(check, results))
             continue
         required = f"{check['op']} {check['ratio']}"
         value = _figure(results, check["lane"], check["metric"])
@@ -70,6 +88,11 @@ def evaluate(contract: dict, results: dict) -> list[Outcome]:
     return outcomes
 
 
+def format_outcome(o: Outcome) -> str:
+    measured = "  n/a " if o.measured is None else f"{o.measured:6.3f}"
+    return f"{'PASS' if o.passed else 'FAIL'}  {o.check:40s} {measured}  (needs {o.required}; {o.detail})"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default = Path(os.environ.get("BUILD_WORKSPACE_DIRECTORY", ".")) / "docs" / "performance-contract.json"
@@ -78,8 +101,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     outcomes = evaluate(json.loads(args.contract.read_text()), json.loads(args.results.read_text()))
     for o in outcomes:
-        measured = "  n/a " if o.measured is None else f"{o.measured:6.3f}"
-        print(f"{'PASS' if o.passed else 'FAIL'}  {o.check:40s} {measured}  (needs {o.required}; {o.detail})")
+        print(format_outcome(o))
     failed = sum(not o.passed for o in outcomes)
     print(f"{len(outcomes) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -15,6 +15,7 @@ CONTRACT = {"checks": [
     {"id": "rpc", "lane": "a", "metric": "decode_tok_s", "baseline_lane": "rpc", "baseline_metric": "decode_tok_s",
      "op": ">=", "ratio": 2.0},
     {"id": "rss", "kind": "per_node_rss", "lane": "a", "ratio": 1.15, "slack_mib": 64},
+    {"id": "drift", "kind": "absolute", "lane": "d", "metric": "top1_agreement", "op": ">=", "value": 0.98},
 ]}
 
 
@@ -48,16 +49,26 @@ def test_main_prints_every_check_and_fails(tmp_path, capsys):
     (tmp_path / "r.json").write_text(json.dumps({"lanes": {"a": {"decode_tok_s": 1.0}, "b": {"decode_tok_s": 1.0}}}))
     assert contract.main(["--contract", str(tmp_path / "c.json"), "--results", str(tmp_path / "r.json")]) == 1
     out = capsys.readouterr().out
-    assert "PASS  faster" in out and "FAIL  rpc" in out and "1 passed, 3 failed" in out
+    assert "PASS  faster" in out and "FAIL  rpc" in out and "1 passed, 4 failed" in out
+
+
+def test_absolute_check_and_bench_layout():
+    # the bench writes its flat figures under "contract_figures"; the raw "lanes" beside them are ignored
+    low = outcomes({"lanes": {}, "contract_figures": {"lanes": {"d": {"top1_agreement": 0.97}}}})
+    assert not low["drift"].passed and abs(low["drift"].measured - 0.97) < 1e-9
+    assert outcomes({"contract_figures": {"lanes": {"d": {"top1_agreement": 0.98}}}})["drift"].passed
+    assert not outcomes({"lanes": {}})["drift"].passed
 
 
 def test_committed_contract_is_well_formed():
     committed = json.loads(Path(os.environ["MESHNET_CONTRACT"]).read_text())
     ids = [c["id"] for c in committed["checks"]]
-    assert len(ids) == len(set(ids)) == 9
+    assert len(ids) == len(set(ids)) == 10
     for check in committed["checks"]:
         if check.get("kind") == "per_node_rss":
             assert {"lane", "ratio", "slack_mib"} <= set(check)
+        elif check.get("kind") == "absolute":
+            assert {"lane", "metric", "op", "value"} <= set(check)
         else:
             assert {"lane", "metric", "baseline_lane", "baseline_metric", "op", "ratio"} <= set(check)
             assert check["op"] in (">=", "<=") and check["ratio"] > 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.process import free_port
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm
@@ -59,12 +59,6 @@ def llama_cpp_rpc(bench: Path, rpc_server: Path, gguf: Path, servers: int, token
         for p in procs:
             p.terminate()
             p.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def route_lane(workdir: Path, gguf: Path, worker: Path, backend: str, cuts, ids, tokens, repeats):

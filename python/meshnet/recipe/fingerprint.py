@@ -245,11 +245,21 @@ def summarize_range(path: PathLike, layer_start: int, layer_end: int) -> tuple[G
     summary = _summarize(reader, path)
     tensors = {t.name: t for t in reader.tensors}
     hasher = hashlib.sha256(RANGE_STREAM_MAGIC)
-    for name in owned_tensor_names(summary, tensors.keys(), layer_start, layer_end, path):
-        t = tensors[name]
-        header = [name, t.tensor_type.name, [int(d) for d in t.shape], int(t.n_bytes)]
-        hasher.update(json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n")
-        hasher.update(reader.data[t.data_offset : t.data_offset + t.n_bytes])
+    # Tensor bytes are read through the page cache, not the reader's memory map: a node's
+    # control process hashes its range at start-up and must not keep those pages resident.
+    with open(path, "rb") as f:
+        for name in owned_tensor_names(summary, tensors.keys(), layer_start, layer_end, path):
+            t = tensors[name]
+            header = [name, t.tensor_type.name, [int(d) for d in t.shape], int(t.n_bytes)]
+            hasher.update(json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n")
+            f.seek(t.data_offset)
+            left = int(t.n_bytes)
+            while left:
+                chunk = f.read(min(left, 1 << 20))
+                if not chunk:
+                    raise ValueError(f"{path}: tensor {name} runs past the end of the file")
+                hasher.update(chunk)
+                left -= len(chunk)
     return summary, "sha256:" + hasher.hexdigest()
 
 

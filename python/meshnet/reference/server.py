@@ -91,6 +91,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         self._epochs: dict[str, int] = {}
         self._results: dict[tuple[str, int], queue.Queue] = {}
         self._work: dict[tuple[str, int], list[int]] = {}  # (prefill, decode) tokens not yet taken
+        self._seam_in = [0, 0]  # SeamFrames received, their serialized bytes (Health)
         threading.Thread(target=self._reap_idle, daemon=True).start()
 
     def _reap_idle(self) -> None:
@@ -126,8 +127,11 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
 
     def Health(self, request, context):  # noqa: N802
         sessions, tokens = self.engine.stats()
+        with self._lock:
+            frames, size = self._seam_in
         return shard_pb2.HealthReply(status=shard_pb2.Status(code=StatusCode.OK), active_sessions=sessions,
-                                     kv_cells_used=tokens, kv_cells_total=self.engine.max_kv_tokens)
+                                     kv_cells_used=tokens, kv_cells_total=self.engine.max_kv_tokens,
+                                     seam_frames_in=frames, seam_bytes_in=size)
 
     # ---- results ----------------------------------------------------------------------------
 
@@ -173,6 +177,9 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
     def _read_upstream(self, frames: Iterator, replies: queue.Queue, owned: set) -> None:
         try:
             for message in frames:
+                with self._lock:
+                    self._seam_in[0] += 1
+                    self._seam_in[1] += message.ByteSize()
                 reply = self._handle(message, replies, owned)
                 if reply is not None:
                     replies.put(reply)

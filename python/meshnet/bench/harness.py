@@ -1,0 +1,418 @@
+"""Meshnet benchmark: every lane on the same GGUF, prompts, threads and token counts, in one run.
+
+  bazel run //python:bench -- [--out DIR] [--tokens 64] [--prompts 128,512] [--concurrency 1,2,4,8]
+                               [--threads 2] [--k 3] [--lanes a,b,...] [--no-runtime-only] [--no-wan]
+
+Lanes: (1) llama_cpp_single_process: upstream llama.cpp, one process (llama-batched-bench);
+(2) llama_cpp_rpc_3: the same tool over K local ggml-rpc-servers; (3) transformers_single_process
+(fp32, the GGUF's weights dequantized); (4) reference_route_3_nodes; (5) gguf_route_1_node;
+(6) gguf_route_3_nodes; and gguf_route_3_nodes_wan: lane 6 with each node in its own network
+namespace behind a shaped veth (root only). A runtime-only comparison runs lanes 1, 3, 5 and 6
+again on the same weights dequantized to an F32 GGUF (`llama-quantize --allow-requantize IN OUT
+F32`), so runtime gains are reported apart from quantization gains. Drift: teacher-forced top-1
+agreement and KL against Transformers fp32 over 256 positions, for both GGUFs.
+
+Writes DIR/results.json (raw figures; "contract_figures" is the layout the contract check
+reads), DIR/summary.md and DIR/plots/*.png, then prints the performance contract check. A lane
+that cannot run is recorded with its reason, never with made-up figures. Greedy decoding
+throughout; every stream generates exactly --tokens tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Optional
+
+import gguf as gguf_lib
+
+from meshnet.bench import contract, llama_lanes, report, route_lanes
+from meshnet.bench.measure import wait_peak_rss
+from meshnet.bench.wan import WanLink
+from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
+
+LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
+         "gguf_route_3_nodes", "reference_route_3_nodes", "gguf_route_3_nodes_wan")
+LABELS = {
+    "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
+    "llama_cpp_rpc_3": "llama.cpp RPC over {k} local rpc-servers",
+    "transformers_single_process": "Transformers fp32, one process",
+    "reference_route_3_nodes": "Transformers reference route, {k} nodes",
+    "gguf_route_1_node": "GGUF route, 1 node",
+    "gguf_route_3_nodes": "GGUF route, {k} nodes",
+    "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
+}
+RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
+
+TEXT = ("The river that runs through the old town was once the only road to the sea. Merchants floated "
+        "timber, grain and salt down to the harbour, and in winter, when the water froze, children skated "
+        "where the barges had been. Today the banks are parks, the warehouses are flats and small shops, "
+        "and a bridge of glass and steel carries bicycles where the ferry used to cross. People still argue "
+        "about whether the town was better before, but everyone agrees that the river made it what it is. ")
+
+
+class Progress:
+    """One line per event on stderr, with the elapsed time and the lane's place in the run."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.index, self.lane, self.t0 = total, 0, "", time.monotonic()
+
+    def start_lane(self, name: str) -> None:
+        self.index += 1
+        self.lane = name
+        self(f"starting")
+
+    def __call__(self, message: str) -> None:
+        elapsed = int(time.monotonic() - self.t0)
+        print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] lane {self.index}/{self.total} {self.lane}: {message}",
+              file=sys.stderr, flush=True)
+
+
+def make_prompts(tokenizer, lengths: list[int], streams: int) -> dict[int, list[list[int]]]:
+    """`streams` different prompts of exactly each length (the text rotated by a sentence each)."""
+    sentences = [s.strip() + "." for s in TEXT.split(".") if s.strip()]
+    prompts = {}
+    for length in lengths:
+        prompts[length] = []
+        for i in range(streams):
+            rotated = " ".join(sentences[i % len(sentences):] + sentences[: i % len(sentences)])
+            ids: list[int] = []
+            while len(ids) < length:
+                ids += tokenizer(rotated + " ")["input_ids"]
+            prompts[length].append(ids[:length])
+    return prompts
+
+
+def cuts(n_layer: int, k: int) -> list[tuple[int, int]]:
+    bounds = [round(i * n_layer / k) for i in range(k + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+def model_facts(path: Path) -> dict:
+    """Tensor bytes per layer range and KV bytes per token and layer (f16 K and V)."""
+    reader = gguf_lib.GGUFReader(path, "r")
+    summary = gguf_summary(path)
+    arch = summary.architecture
+
+    def field(key: str) -> int:
+        f = reader.fields[f"{arch}.{key}"]
+        return int(f.parts[f.data[0]][0])
+
+    heads, heads_kv = field("attention.head_count"), field("attention.head_count_kv")
+    sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
+
+    def weight_bytes(start: int, end: int) -> int:
+        return sum(sizes[n] for n in owned_tensor_names(summary, sizes, start, end, path))
+
+    return {"summary": summary, "weight_bytes": weight_bytes, "total_bytes": sum(sizes.values()),
+            "kv_bytes_per_token_layer": 2 * 2 * summary.n_embd * heads_kv // heads}
+
+
+def _cell(lane: dict, prompt: int, c: int) -> dict:
+    return next((x for x in lane.get("cells", []) if x["prompt_tokens"] == prompt and x["concurrency"] == c), {})
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, out: Path, work: Path) -> None:
+        self.args, self.out, self.work = args, out, work
+        self.prompt_lengths = [int(x) for x in args.prompts.split(",")]
+        self.concurrency = [int(x) for x in args.concurrency.split(",")]
+        per_session = -(-(max(self.prompt_lengths) + args.tokens) // 256) * 256
+        self.n_ctx = max(self.concurrency) * per_session
+
+    def lane(self, name: str, fn: Callable[[], dict], progress: Progress, k: int) -> dict:
+        progress.start_lane(name)
+        started = time.monotonic()
+        try:
+            lane = fn()
+            lane["available"] = True
+        except LaneUnavailable as e:
+            lane = {"available": False, "reason": str(e)}
+        except Exception as e:  # noqa: BLE001 - a broken lane is reported, the others still run
+            traceback.print_exc()
+            lane = {"available": False, "reason": f"failed: {type(e).__name__}: {str(e)[-600:]}"}
+        lane["label"] = LABELS[name].format(k=k)
+        lane["duration_s"] = round(time.monotonic() - started, 1)
+        progress("done" if lane["available"] else f"not available: {lane['reason']}")
+        return lane
+
+    def llama_single(self, model: Path, prompts: list[int], concurrency: list[int]) -> dict:
+        a = self.args
+        lane = llama_lanes.single_process(a.batched_bench, model, prompts, concurrency, a.tokens, a.threads,
+                                          self.n_ctx, self.work)
+        lane["kv_bytes"] = self.n_ctx * self.facts(model)["kv_bytes_per_token_layer"] * self.n_layer(model)
+        lane["notes"] = ["upstream llama.cpp (no Meshnet patches) at the pinned commit; prompts are random tokens "
+                         "(batched-bench), so output drift is measured separately (teacher-forced)"]
+        return lane
+
+    def llama_rpc(self, model: Path) -> dict:
+        a = self.args
+        lane = llama_lanes.rpc_split(a.batched_bench, a.rpc_server, model, a.k, self.prompt_lengths, self.concurrency,
+                                     a.tokens, a.threads, self.n_ctx, self.work)
+        lane["notes"] = [f"upstream llama.cpp, every layer offloaded to {a.k} ggml-rpc-servers on loopback "
+                         f"(-ngl 99), {a.threads} threads each"]
+        return lane
+
+    def transformers(self, model: Path, prompts: dict, concurrency: list[int], progress: Progress) -> dict:
+        a = self.args
+        prompts_file = self.work / "prompts.json"
+        prompts_file.write_text(json.dumps({str(k): v for k, v in prompts.items()}))
+        out_file = self.work / "transformers.json"
+        cmd = [sys.executable, "-m", "meshnet.bench.transformers_lane", "--gguf", str(model), "--prompts",
+               str(prompts_file), "--concurrency", ",".join(map(str, concurrency)), "--tokens", str(a.tokens),
+               "--threads", str(a.threads), "--out", str(out_file)]
+        log = self.work / "transformers.log"
+        with open(log, "w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=_child_env())
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    progress(f"prompt {json.loads(line)['cell'][0]}, concurrency {json.loads(line)['cell'][1]} done")
+            code, rss = wait_peak_rss(proc.pid)
+            proc.returncode = code
+        if code != 0:
+            raise RuntimeError(f"transformers lane exited {code}: {log.read_text()[-1500:]}")
+        result = json.loads(out_file.read_text())
+        return {"cells": result["cells"], "tokens": {int(k): v for k, v in result["tokens"].items()},
+                "processes": [{"role": "python (transformers)", "peak_rss_bytes": rss}], "peak_rss_bytes": rss,
+                "notes": [f"fp32, torch threads {a.threads}; c streams run as one batch (lockstep)"]}
+
+    def route(self, model: Path, backend: str, k: int, prompts: dict, concurrency: list[int], progress: Progress,
+              wan: Optional[WanLink] = None) -> dict:
+        a = self.args
+        facts = self.facts(model)
+        lane_cuts = cuts(facts["summary"].n_layer, k)
+        extra = {}
+        if wan is not None:
+            extra = {"host": wan.host, "node_hosts": [wan.node_host(i) for i in range(k)],
+                     "node_prefixes": [wan.prefix(i) for i in range(k)]}
+        workdir = self.work / f"{backend}-{k}-{model.stem}{'-wan' if wan else ''}"
+        result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts, concurrency,
+                                      a.tokens, a.threads, self.n_ctx, progress, **extra)
+        processes, nodes = [], []
+        for node, cut in zip(result["nodes"], lane_cuts):
+            processes += node["processes"]
+            rss = sum(p["peak_rss_bytes"] or 0 for p in node["processes"])
+            kv = node["kv_cells_total"] * facts["kv_bytes_per_token_layer"] * (cut[1] - cut[0])
+            nodes.append({"node": node["node"], "layers": list(cut), "peak_rss_bytes": rss,
+                          "weight_bytes": facts["weight_bytes"](*cut), "kv_bytes": kv})
+        notes = [f"{backend} backend, {a.threads} compute threads per node, swarm ready in {result['startup_s']} s"]
+        if backend == "reference":
+            notes.append("the reference shard does not report compute time, so seam overhead is n/a")
+        return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
+                "peak_rss_bytes": sum(n["peak_rss_bytes"] for n in nodes), "kv_bytes": sum(n["kv_bytes"] for n in nodes),
+                "notes": notes}
+
+    _facts: dict = {}
+
+    def facts(self, model: Path) -> dict:
+        if model not in self._facts:
+            self._facts[model] = model_facts(model)
+        return self._facts[model]
+
+    def n_layer(self, model: Path) -> int:
+        return self.facts(model)["summary"].n_layer
+
+    def drift(self, model: Path) -> dict:
+        out = self.work / f"drift-{model.stem}.json"
+        subprocess.run([sys.executable, "-m", "meshnet.bench.drift", "--gguf", str(model), "--dump-logits",
+                        str(self.args.dump_logits), "--out", str(out)], check=True, capture_output=True,
+                       env=_child_env())
+        d = json.loads(out.read_text())
+        return {"top1_agreement": d["top1_agreement"], "mean_kl": d["mean_kl_transformers_to_gguf"],
+                "max_kl": d["max_kl"], "positions": d["positions"]}
+
+
+def _child_env() -> dict[str, str]:
+    """This interpreter's import path, for `python -m meshnet...` children."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
+class LaneUnavailable(Exception):
+    """The lane cannot run here (a missing component or privilege); the message says why."""
+
+
+def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt_lengths: list[int],
+              concurrency: list[int], progress: Progress) -> dict:
+    k, lanes = bench.args.k, {}
+    runners = {
+        "transformers_single_process": lambda: bench.transformers(model, prompts, concurrency, progress),
+        "llama_cpp_single_process": lambda: bench.llama_single(model, prompt_lengths, concurrency),
+        "llama_cpp_rpc_3": lambda: bench.llama_rpc(model),
+        "gguf_route_1_node": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress),
+        "gguf_route_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress),
+        "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
+        "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
+    }
+    for name in names:
+        lanes[name] = bench.lane(name, runners[name], progress, k)
+    reference = lanes.get("transformers_single_process", {}).get("tokens", {})
+    for lane in lanes.values():
+        tokens = lane.pop("tokens", {})
+        for length, ids in tokens.items():
+            if length in reference:
+                _cell(lane, length, 1)["tokens_matching_transformers"] = common_prefix(ids, reference[length])
+    return lanes
+
+
+def wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress) -> dict:
+    a = bench.args
+    why = WanLink.unavailable()
+    if why:
+        raise LaneUnavailable(why)
+    wan_prompts = {length: prompts[length] for length in [int(x) for x in a.wan_prompts.split(",")]}
+    with WanLink(a.k, a.wan_delay_ms, a.wan_rate_mbit) as link:
+        lane = bench.route(model, "gguf", a.k, wan_prompts, [int(x) for x in a.wan_concurrency.split(",")],
+                           progress, wan=link)
+        lane["notes"] += link.notes
+        lane["wan"] = link.applied
+    return lane
+
+
+def contract_figures(results: dict) -> dict:
+    """The flat per-lane figures docs/performance-contract.json names."""
+    lanes = {}
+    for name, lane in results["lanes"].items():
+        if not lane.get("available"):
+            continue
+        short = min(results["meta"]["prompts"])
+        fig = {"decode_tok_s": _cell(lane, short, 1).get("decode_tok_s"),
+               "ttft_ms": _cell(lane, short, 1).get("ttft_ms"),
+               "ttft_ms_prompt_512": _cell(lane, 512, 1).get("ttft_ms"),
+               "aggregate_tok_s_c8": _cell(lane, short, 8).get("aggregate_tok_s"),
+               "peak_rss_bytes": lane.get("peak_rss_bytes")}
+        if lane.get("nodes"):
+            fig["nodes"] = lane["nodes"]
+            fig["sum_node_peak_rss_bytes"] = sum(n["peak_rss_bytes"] for n in lane["nodes"])
+        lanes[name] = {k: v for k, v in fig.items() if v is not None}
+    if "llama_cpp_single_process" in lanes:  # lane 1's batched figures, as the contract names them
+        lanes["llama_cpp_batched"] = {k: v for k, v in lanes["llama_cpp_single_process"].items()
+                                      if k == "aggregate_tok_s_c8"}
+    for kind, d in results.get("drift", {}).items():
+        if "top1_agreement" in d:
+            lanes[f"drift_{kind}"] = d
+    return {"lanes": lanes}
+
+
+def host_details() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    mem = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "kernel": platform.release(),
+            "python": platform.python_version()}
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gguf", type=Path, default=os.environ.get("MESHNET_BUNDLED_GGUF"))
+    for tool in ("worker-binary", "batched-bench", "rpc-server", "quantize", "dump-logits"):
+        p.add_argument(f"--{tool}", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="output folder (default: bench-out/<time> in the workspace)")
+    p.add_argument("--prompts", default="128,512", help="prompt lengths in tokens")
+    p.add_argument("--concurrency", default="1,2,4,8")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens per stream (64 to 256)")
+    p.add_argument("--threads", type=int, default=2, help="compute threads of every process")
+    p.add_argument("--k", type=int, default=3, help="processes in the split lanes")
+    p.add_argument("--lanes", default=",".join(LANES))
+    p.add_argument("--no-runtime-only", action="store_true", help="skip the F32 runtime-only comparison")
+    p.add_argument("--runtime-prompts", default="128")
+    p.add_argument("--runtime-concurrency", default="1,8")
+    p.add_argument("--wan-delay-ms", type=float, default=10.0, help="one-way delay per node link")
+    p.add_argument("--wan-rate-mbit", type=float, default=100.0)
+    p.add_argument("--wan-prompts", default="128")
+    p.add_argument("--wan-concurrency", default="1,8")
+    p.add_argument("--contract", type=Path, help="default: docs/performance-contract.json of the workspace")
+    args = p.parse_args(argv)
+    for name in args.lanes.split(","):
+        if name not in LANES:
+            p.error(f"unknown lane {name!r}; lanes: {', '.join(LANES)}")
+    if not 1 <= args.tokens <= 4096:
+        p.error("--tokens must be between 1 and 4096")
+    for path in (args.gguf, args.worker_binary, args.batched_bench, args.rpc_server, args.quantize, args.dump_logits):
+        if path is None or not Path(path).exists():
+            p.error(f"missing file: {path}")
+    for name in ("gguf", "worker_binary", "batched_bench", "rpc_server", "quantize", "dump_logits"):
+        setattr(args, name, Path(getattr(args, name)).resolve())
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    workspace = Path(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."))
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = (args.out or workspace / "bench-out" / stamp).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in LANES if n in args.lanes.split(",")]
+    runtime_names = [] if args.no_runtime_only else [n for n in RUNTIME_ONLY if n in names]
+    progress = Progress(len(names) + len(runtime_names))
+    started, t0 = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
+    from meshnet.reference.model import load_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="meshnet-bench-") as tmp:
+        bench = Bench(args, out, Path(tmp))
+        tokenizer = load_tokenizer(args.gguf)
+        prompts = make_prompts(tokenizer, bench.prompt_lengths, max(bench.concurrency))
+        summary = bench.facts(args.gguf)["summary"]
+        results = {"meta": {
+            "command": "bazel run //python:bench -- " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            "started": started.isoformat(timespec="seconds"), "host": host_details(),
+            "model": {"name": summary.name, "path": str(args.gguf), "type": summary.file_type,
+                      "bytes": args.gguf.stat().st_size, "n_layer": summary.n_layer},
+            "threads": args.threads, "new_tokens": args.tokens, "prompts": bench.prompt_lengths,
+            "concurrency": bench.concurrency, "k": args.k, "n_ctx": bench.n_ctx}}
+        results["lanes"] = run_group(bench, args.gguf, names, prompts, bench.prompt_lengths, bench.concurrency,
+                                     progress)
+        results["drift"] = {}
+        progress.lane = "drift"
+        progress(f"teacher-forced drift of {summary.file_type} against Transformers fp32")
+        results["drift"][summary.file_type.lower()] = bench.drift(args.gguf)
+        if runtime_names:
+            f32 = Path(tmp) / f"{args.gguf.stem}-f32.gguf"
+            progress(f"writing the F32 GGUF: llama-quantize --allow-requantize {args.gguf.name} {f32.name} F32")
+            cmd = llama_lanes.quantize_to_f32(args.quantize, args.gguf, f32)
+            rt_prompts_len = [int(x) for x in args.runtime_prompts.split(",")]
+            rt_conc = [int(x) for x in args.runtime_concurrency.split(",")]
+            rt_prompts = {length: make_prompts(tokenizer, [length], max(rt_conc))[length] for length in rt_prompts_len}
+            results["runtime_only"] = {
+                "model": {"type": "F32", "bytes": f32.stat().st_size,
+                          "command": "llama-quantize " + shlex.join([Path(c).name for c in cmd[1:]])},
+                "lanes": run_group(bench, f32, runtime_names, rt_prompts, rt_prompts_len, rt_conc, progress)}
+            progress.lane = "drift"
+            progress("teacher-forced drift of F32 against Transformers fp32")
+            results["drift"]["f32"] = bench.drift(f32)
+        wan = results["lanes"].get("gguf_route_3_nodes_wan", {})
+        if wan.get("available"):
+            results["wan"] = {"applied": wan.get("wan"), "notes": wan.get("notes", [])}
+        results["meta"]["duration_s"] = round(time.monotonic() - t0, 1)
+        results["contract_figures"] = contract_figures(results)
+    contract_path = args.contract or workspace / "docs" / "performance-contract.json"
+    outcomes = contract.evaluate(json.loads(contract_path.read_text()), results)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    written = report.write_report(results, out, outcomes)
+    for o in outcomes:
+        print(contract.format_outcome(o))
+    failed = sum(not o.passed for o in outcomes)
+    print(f"contract: {len(outcomes) - failed} passed, {failed} failed")
+    print(f"wrote {out / 'results.json'}, {len(written)} report files under {out} "
+          f"({results['meta']['duration_s'] / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Lanes 4 to 6 (and the WAN lane): real swarms driven through RouteSession.
+
+A lane starts a tracker and one node per layer range (LocalSwarm), warms the route up, then
+runs every (prompt, concurrency) cell: `c` client threads start together, each opens its own
+route session and records the time of every token. Around each cell the harness reads every
+shard's Health (batches, rows, compute time, SeamFrames in) and samples it every 100 ms while
+the cell runs (queue depth, live sessions, KV cells). Peak RSS of each node's processes (the
+Python node and, for GGUF, its worker) is read from /proc before the swarm stops.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import grpc
+import psutil
+
+from meshnet.bench.measure import cell_figures, peak_rss_bytes, rounded
+from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
+from meshnet.swarm.local import LocalSwarm
+
+Progress = Callable[[str], None]
+
+
+class HealthProbe:
+    """Health of every shard in a swarm: snapshots, plus maxima sampled in the background."""
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self._channels = [grpc.insecure_channel(a) for a in addresses]
+        self._stubs = [shard_pb2_grpc.ShardStub(c) for c in self._channels]
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.max_queue = 0
+        self.max_sessions = 0
+        self.max_kv_cells = 0
+
+    def snapshot(self) -> list[shard_pb2.HealthReply]:
+        return [stub.Health(shard_pb2.HealthRequest(), timeout=5) for stub in self._stubs]
+
+    def start_sampling(self) -> None:
+        self.max_queue = self.max_sessions = self.max_kv_cells = 0
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def stop_sampling(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                replies = self.snapshot()
+            except grpc.RpcError:
+                continue
+            self.max_queue = max(self.max_queue, max(r.queue_depth for r in replies))
+            self.max_sessions = max(self.max_sessions, max(r.active_sessions for r in replies))
+            self.max_kv_cells = max(self.max_kv_cells, max(r.kv_cells_used for r in replies))
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+
+def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.Event, start: list[float],
+            times: list[float], out: list[int], errors: list[str]) -> None:
+    session = RouteSession(tracker, "bench-model", client_id="bench")
+    go.wait()
+    try:
+        for token in session.generate(ids, GenerationParams(max_tokens=tokens)):
+            times.append(time.perf_counter())
+            out.append(token)
+    except Exception as e:  # noqa: BLE001 - a failed stream is a measured failure, not a crash
+        errors.append(f"{type(e).__name__}: {e}")
+
+
+def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[int]], tokens: int) -> dict:
+    c = len(prompts)
+    times: list[list[float]] = [[] for _ in range(c)]
+    outs: list[list[int]] = [[] for _ in range(c)]
+    errors: list[str] = []
+    go, start = threading.Event(), [0.0]
+    threads = [threading.Thread(target=_stream, args=(tracker, prompts[i], tokens, go, start, times[i], outs[i],
+                                                      errors)) for i in range(c)]
+    for th in threads:
+        th.start()
+    before = probe.snapshot()
+    probe.start_sampling()
+    t0 = time.perf_counter()
+    go.set()
+    for th in threads:
+        th.join()
+    probe.stop_sampling()
+    after = probe.snapshot()
+    figures = cell_figures(t0, times, len(prompts[0]))
+    batches = sum(a.batches - b.batches for a, b in zip(after, before))
+    rows = sum(a.mean_batch_rows * a.batches - b.mean_batch_rows * b.batches for a, b in zip(after, before))
+    seam_bytes = sum(a.seam_bytes_in - b.seam_bytes_in for a, b in zip(after, before))
+    compute_s = sum(a.compute_us - b.compute_us for a, b in zip(after, before)) / 1e6
+    positions = sum(len(p) for p in prompts) + sum(len(o) for o in outs)
+    cell = {"prompt_tokens": len(prompts[0]), "concurrency": c, "new_tokens": tokens, **figures,
+            "seam_bytes_per_token": seam_bytes / positions if positions else None,
+            "mean_batch_rows": rows / batches if batches else None,
+            "max_batch_sessions": max(a.max_batch_sessions for a in after) or None,
+            "max_queue_depth": probe.max_queue, "max_live_sessions": probe.max_sessions,
+            "max_kv_cells": probe.max_kv_cells, "failures": sum(1 for o in outs if len(o) < tokens)}
+    if c == 1 and times[0] and compute_s > 0:
+        # one stream: hops run one after another, so what is not compute is seams and client
+        cell["seam_overhead_ms"] = max(0.0, (times[0][-1] - t0) - compute_s) / len(times[0]) * 1000
+    if errors:
+        cell["errors"] = sorted(set(errors))[:5]
+    return rounded(cell), outs
+
+
+def node_memory(swarm: LocalSwarm) -> list[dict]:
+    """Peak RSS of each node's processes: the Python node and its children (the GGUF worker)."""
+    nodes = []
+    for node_id, node in swarm.nodes.items():
+        procs = [{"role": f"{node_id} node (python)", "peak_rss_bytes": peak_rss_bytes(node.proc.pid)}]
+        for child in psutil.Process(node.proc.pid).children(recursive=True):
+            procs.append({"role": f"{node_id} {Path(child.exe()).name}", "peak_rss_bytes": peak_rss_bytes(child.pid)})
+        nodes.append({"node": node_id, "layers": list(node.layers), "processes": procs})
+    return nodes
+
+
+def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend: str, worker: Optional[Path],
+             prompts: dict[int, list[list[int]]], concurrency: Sequence[int], tokens: int, threads: int,
+             max_kv_tokens: int, progress: Progress, *, host: str = "127.0.0.1", node_hosts: Sequence[str] = (),
+             node_prefixes: Sequence[Sequence[str]] = ()) -> dict:
+    started = time.perf_counter()
+    with LocalSwarm(workdir, gguf, cuts, model="bench-model", backend=backend, worker_binary=worker,
+                    threads=threads, max_sessions=max(max(concurrency), 8), max_kv_tokens=max_kv_tokens, host=host,
+                    node_hosts=node_hosts, node_prefixes=node_prefixes) as swarm:
+        startup_s = time.perf_counter() - started
+        with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as tracker:
+            probe = HealthProbe([n.address for n in swarm.nodes.values()])
+            try:
+                run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4)  # warm-up
+                cells, tokens_c1 = [], {}
+                for length, streams in prompts.items():
+                    for c in concurrency:
+                        progress(f"prompt {length}, concurrency {c}")
+                        cell, outs = run_cell(tracker, probe, streams[:c], tokens)
+                        cells.append(cell)
+                        if c == 1:
+                            tokens_c1[length] = outs[0]
+                health = probe.snapshot()
+            finally:
+                probe.close()
+        nodes = node_memory(swarm)
+    for node, reply in zip(nodes, health):
+        node["kv_cells_total"] = reply.kv_cells_total
+    return {"cells": cells, "tokens": tokens_c1, "nodes": nodes, "startup_s": round(startup_s, 1)}

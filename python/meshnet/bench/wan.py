@@ -1,0 +1,102 @@
+"""A small WAN on one machine: K network namespaces joined by veth pairs to a bridge.
+
+Node i runs in namespace `mnwan{i}` at 10.77.0.{i+2}; the tracker and the client stay in the
+root namespace at 10.77.0.1 on the bridge. Every packet a node sends leaves through its veth,
+whose qdisc imposes the link: `tc netem delay D rate R` when the kernel has sch_netem, else
+`tc tbf rate R` (rate only; the delay cannot be applied and the lane says so). So a hop from
+node to node costs one delay, as does a result on its way back to the client. Needs root and
+iproute2; `WanLink.unavailable()` says why it cannot run, or None.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Optional
+
+SUBNET = "10.77.0"
+BRIDGE = "mnwanbr"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+class WanLink:
+    def __init__(self, nodes: int, delay_ms: float, rate_mbit: float) -> None:
+        self.nodes, self.delay_ms, self.rate_mbit = nodes, delay_ms, rate_mbit
+        self.namespaces = [f"mnwan{i}" for i in range(nodes)]
+        self.applied: dict = {}
+        self.notes: list[str] = []
+
+    @staticmethod
+    def unavailable() -> Optional[str]:
+        if os.geteuid() != 0:
+            return "not root: network namespaces and tc need root (run the bench as root for the WAN lane)"
+        for tool in ("ip", "tc"):
+            if shutil.which(tool) is None:
+                return f"`{tool}` (iproute2) is not installed"
+        return None
+
+    @property
+    def host(self) -> str:
+        return f"{SUBNET}.1"
+
+    def node_host(self, i: int) -> str:
+        return f"{SUBNET}.{i + 2}"
+
+    def prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.namespaces[i]]
+
+    def __enter__(self) -> "WanLink":
+        self.teardown()  # leftovers of an interrupted run
+        try:
+            self._setup()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def _setup(self) -> None:
+        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("addr", "add", f"{self.host}/24", "dev", BRIDGE)
+        _ip("link", "set", BRIDGE, "up")
+        netem = True
+        for i, ns in enumerate(self.namespaces):
+            outer, inner = f"mnwanv{i}", f"mnwanp{i}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+            _ip("link", "set", inner, "netns", ns)
+            _ip("link", "set", outer, "master", BRIDGE)
+            _ip("link", "set", outer, "up")
+            _ip("-n", ns, "addr", "add", f"{self.node_host(i)}/24", "dev", inner)
+            _ip("-n", ns, "link", "set", inner, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            netem = netem and self._shape(ns, inner)
+        self.applied = {"delay_ms": self.delay_ms if netem else None, "rate_mbit": self.rate_mbit,
+                        "qdisc": "netem" if netem else "tbf"}
+        if not netem:
+            self.notes.append(f"tc netem is not available in this kernel ({os.uname().release}); the links ran "
+                              f"at {self.rate_mbit:g} Mbit/s (tbf) with no added delay")
+
+    def _shape(self, ns: str, dev: str) -> bool:
+        """netem delay + rate on the node's egress; falls back to tbf. True when netem applied."""
+        rate = f"{self.rate_mbit:g}mbit"
+        tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root"]
+        proc = subprocess.run(tc + ["netem", "delay", f"{self.delay_ms:g}ms", "rate", rate], capture_output=True,
+                              text=True)
+        if proc.returncode == 0:
+            return True
+        subprocess.run(tc + ["tbf", "rate", rate, "burst", "64kb", "latency", "400ms"], check=True,
+                       capture_output=True, text=True)
+        return False
+
+    def teardown(self) -> None:
+        for i, ns in enumerate(self.namespaces):
+            _ip("link", "del", f"mnwanv{i}", check=False)
+            _ip("netns", "del", ns, check=False)
+        _ip("link", "del", BRIDGE, check=False)
