@@ -37,7 +37,7 @@ from typing import Callable, Optional
 import gguf as gguf_lib
 
 from meshnet.bench import contract, llama_lanes, report, route_lanes
-from meshnet.bench.measure import wait_peak_rss
+from meshnet.bench.measure import RssWatch
 from meshnet.bench.wan import WanLink
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 
@@ -135,7 +135,9 @@ class Bench:
         self.prompt_lengths = [int(x) for x in args.prompts.split(",")]
         self.concurrency = [int(x) for x in args.concurrency.split(",")]
         per_session = -(-(max(self.prompt_lengths) + args.tokens) // 256) * 256
-        self.n_ctx = max(self.concurrency) * per_session
+        self.n_ctx = max(self.concurrency) * per_session  # llama.cpp lanes: every stream at once
+        # nodes split their KV evenly over max_sessions (at least 8) sessions, each needing per_session
+        self.node_kv_tokens = max(max(self.concurrency), 8) * per_session
 
     def lane(self, name: str, fn: Callable[[], dict], progress: Progress, k: int) -> dict:
         progress.start_lane(name)
@@ -181,11 +183,12 @@ class Bench:
         log = self.work / "transformers.log"
         with open(log, "w") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=_child_env())
+            watch = RssWatch(proc.pid)
             for line in proc.stdout:
                 if line.startswith("{"):
                     progress(f"prompt {json.loads(line)['cell'][0]}, concurrency {json.loads(line)['cell'][1]} done")
-            code, rss = wait_peak_rss(proc.pid)
-            proc.returncode = code
+            code = proc.wait()
+            rss = watch.result()
         if code != 0:
             raise RuntimeError(f"transformers lane exited {code}: {log.read_text()[-1500:]}")
         result = json.loads(out_file.read_text())
@@ -204,7 +207,7 @@ class Bench:
                      "node_prefixes": [wan.prefix(i) for i in range(k)]}
         workdir = self.work / f"{backend}-{k}-{model.stem}{'-wan' if wan else ''}"
         result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts, concurrency,
-                                      a.tokens, a.threads, self.n_ctx, progress, **extra)
+                                      a.tokens, a.threads, self.node_kv_tokens, progress, **extra)
         processes, nodes = [], []
         for node, cut in zip(result["nodes"], lane_cuts):
             processes += node["processes"]

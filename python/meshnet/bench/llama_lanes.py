@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from meshnet.bench.measure import peak_rss_bytes, wait_peak_rss
+from meshnet.bench.measure import RssWatch, peak_rss_bytes
 from meshnet.process import free_port
 
 Progress = Callable[[str], None]
@@ -52,8 +52,9 @@ def _run(cmd: list[str], log: Path) -> tuple[str, int]:
     """Runs batched-bench; (stdout + stderr, its peak RSS). RuntimeError with the log tail on failure."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        code, rss = wait_peak_rss(proc.pid)
-        proc.returncode = code
+        watch = RssWatch(proc.pid)
+        code = proc.wait()
+        rss = watch.result()
     text = log.read_text()
     if code != 0:
         raise RuntimeError(f"{Path(cmd[0]).name} exited {code}:\n{text[-2000:]}")

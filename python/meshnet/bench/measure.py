@@ -17,6 +17,8 @@ from __future__ import annotations
 import bisect
 import os
 import statistics
+import threading
+import time
 from typing import Optional, Sequence
 
 
@@ -75,10 +77,28 @@ def peak_rss_bytes(pid: int) -> Optional[int]:
     return None
 
 
-def wait_peak_rss(pid: int) -> tuple[int, int]:
-    """Waits for child `pid`; (exit status, its peak RSS in bytes) from wait4's rusage."""
-    _, status, usage = os.wait4(pid, 0)
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024
+class RssWatch:
+    """Follows a child's VmHWM every `period` seconds until it exits; `peak` is the last value
+    read. (wait4's ru_maxrss would be wrong here: it keeps the high-water mark from before
+    exec, i.e. the size of the Python parent the child was forked from.)"""
+
+    def __init__(self, pid: int, period: float = 0.05) -> None:
+        self.pid, self.period, self.peak = pid, period, 0
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while True:
+            value = peak_rss_bytes(self.pid)
+            if value is None:
+                return
+            self.peak = max(self.peak, value)
+            time.sleep(self.period)
+
+    def result(self) -> int:
+        """The peak, once the process has exited (call after wait())."""
+        self._thread.join()
+        return self.peak
 
 
 def rounded(figures: dict, digits: int = 2) -> dict:

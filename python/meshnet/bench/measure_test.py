@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from meshnet.bench import harness, llama_lanes
-from meshnet.bench.measure import cell_figures, peak_rss_bytes, percentile, wait_peak_rss
+from meshnet.bench.measure import RssWatch, cell_figures, peak_rss_bytes, percentile
 
 
 def test_single_stream_figures():
@@ -52,11 +52,15 @@ def test_batched_bench_jsonl():
     assert cells[1]["aggregate_tok_s"] == 256 and cells[1]["decode_tok_s"] == 32
 
 
-def test_peak_rss_of_a_child():
-    proc = subprocess.Popen([sys.executable, "-c", "b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096])"])
-    code, rss = wait_peak_rss(proc.pid)
-    proc.returncode = code
-    assert code == 0 and rss > 64 << 20
+def test_peak_rss_of_a_child_is_its_own():
+    ballast = bytearray(256 << 20)  # this (parent) process is big; the child must not inherit that figure
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.5)"])
+    watch = RssWatch(proc.pid, period=0.02)
+    assert proc.wait() == 0
+    rss = watch.result()
+    assert 64 << 20 < rss < 200 << 20
     assert peak_rss_bytes(os.getpid()) > 0 and peak_rss_bytes(1 << 30) is None
 
 

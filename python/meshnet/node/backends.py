@@ -15,8 +15,6 @@ import grpc
 
 from meshnet.node.worker import WorkerProcess, take_work
 from meshnet.protocol import diag
-from meshnet.reference.model import ReferenceEngine, ShardModel, load_model
-from meshnet.reference.server import ShardServer
 from meshnet.shard.v1 import shard_pb2_grpc
 from meshnet.types import tracker as tt
 from meshnet.types.seam import Fingerprints
@@ -44,6 +42,10 @@ class ReferenceBackend:
 
     def __init__(self, gguf: Path, layers: tuple[int, int], listen: str, node_id: Optional[str],
                  fingerprints: Fingerprints, *, max_sessions: int, max_kv_tokens: int, idle_seconds: float) -> None:
+        # Imported here: torch and transformers cost a GGUF node's control process ~400 MiB.
+        from meshnet.reference.model import ReferenceEngine, ShardModel, load_model
+        from meshnet.reference.server import ShardServer
+
         self.engine = ReferenceEngine(ShardModel(load_model(gguf), *layers), max_sessions, max_kv_tokens)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * max_sessions + 8))
         host = listen.rsplit(":", 1)[0]

@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from meshnet.node.backends import GgufBackend, ReferenceBackend
 from meshnet.process import log, read_secret, stop_on_signals, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
@@ -79,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "gguf" and (args.worker_binary is None or not Path(args.worker_binary).is_file()):
         parser.error("--backend gguf needs --worker-binary (or $MESHNET_WORKER_BINARY) naming cpp/worker's binary")
     start, end = args.layers
-    torch.set_num_threads(args.threads)
 
     try:
         summary, range_fp = summarize_range(args.gguf, start, end)  # one parse of the GGUF
@@ -93,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                               threads=args.threads, max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
                               log=args.port_file.with_suffix(".worker.log") if args.port_file else None)
     else:
+        import torch  # only the reference backend computes in this process
+
+        torch.set_num_threads(args.threads)
         backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id, Fingerprints(artifact, recipe),
                                    max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
                                    idle_seconds=args.session_idle_seconds)
