@@ -12,6 +12,12 @@ again on the same weights dequantized to an F32 GGUF (`llama-quantize --allow-re
 F32`), so runtime gains are reported apart from quantization gains. Drift: teacher-forced top-1
 agreement and KL against Transformers fp32 over 256 positions, for both GGUFs.
 
+Threads: every process of every lane gets --threads compute threads (default 1). On this 2-core
+machine the K-node lanes put K workers on the same cores; with 2 threads each, ggml's spinning
+barriers collapse once several workers compute at once (3 workers x 2 threads, 4 sessions:
+3.7 tok/s, against 119 tok/s with 1 thread each), so 1 thread per process is the default that
+every lane can share. Use --threads 2 to see the collapse.
+
 Writes DIR/results.json (raw figures; "contract_figures" is the layout the contract check
 reads), DIR/summary.md and DIR/plots/*.png, then prints the performance contract check. A lane
 that cannot run is recorded with its reason, never with made-up figures. Greedy decoding
@@ -313,6 +319,12 @@ def contract_figures(results: dict) -> dict:
     return {"lanes": lanes}
 
 
+def _user_args(argv: Optional[list[str]]) -> list[str]:
+    """The command line without the tool paths the BUILD target passes itself."""
+    baked = ("--gguf=", "--worker-binary=", "--batched-bench=", "--rpc-server=", "--quantize=", "--dump-logits=")
+    return [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith(baked)]
+
+
 def host_details() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
@@ -330,7 +342,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--prompts", default="128,512", help="prompt lengths in tokens")
     p.add_argument("--concurrency", default="1,2,4,8")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per stream (64 to 256)")
-    p.add_argument("--threads", type=int, default=2, help="compute threads of every process")
+    p.add_argument("--threads", type=int, default=1, help="compute threads of every process (see the module doc)")
     p.add_argument("--k", type=int, default=3, help="processes in the split lanes")
     p.add_argument("--lanes", default=",".join(LANES))
     p.add_argument("--no-runtime-only", action="store_true", help="skip the F32 runtime-only comparison")
@@ -373,7 +385,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         prompts = make_prompts(tokenizer, bench.prompt_lengths, max(bench.concurrency))
         summary = bench.facts(args.gguf)["summary"]
         results = {"meta": {
-            "command": "bazel run //python:bench -- " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            "command": "bazel run //python:bench -- " + shlex.join(_user_args(argv)),
             "started": started.isoformat(timespec="seconds"), "host": host_details(),
             "model": {"name": summary.name, "path": str(args.gguf), "type": summary.file_type,
                       "bytes": args.gguf.stat().st_size, "n_layer": summary.n_layer},
