@@ -144,6 +144,7 @@ class Bench:
         self.n_ctx = max(self.concurrency) * per_session  # llama.cpp lanes: every stream at once
         # nodes split their KV evenly over max_sessions (at least 8) sessions, each needing per_session
         self.node_kv_tokens = max(max(self.concurrency), 8) * per_session
+        self._facts: dict[Path, dict] = {}
 
     def lane(self, name: str, fn: Callable[[], dict], progress: Progress, k: int) -> dict:
         progress.start_lane(name)
@@ -192,7 +193,8 @@ class Bench:
             watch = RssWatch(proc.pid)
             for line in proc.stdout:
                 if line.startswith("{"):
-                    progress(f"prompt {json.loads(line)['cell'][0]}, concurrency {json.loads(line)['cell'][1]} done")
+                    length, c = json.loads(line)["cell"]
+                    progress(f"prompt {length}, concurrency {c} done")
             code = proc.wait()
             rss = watch.result()
         if code != 0:
@@ -227,8 +229,6 @@ class Bench:
         return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
                 "peak_rss_bytes": sum(n["peak_rss_bytes"] for n in nodes), "kv_bytes": sum(n["kv_bytes"] for n in nodes),
                 "notes": notes}
-
-    _facts: dict = {}
 
     def facts(self, model: Path) -> dict:
         if model not in self._facts:

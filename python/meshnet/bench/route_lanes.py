@@ -68,8 +68,8 @@ class HealthProbe:
             c.close()
 
 
-def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.Event, start: list[float],
-            times: list[float], out: list[int], errors: list[str]) -> None:
+def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.Event, times: list[float],
+            out: list[int], errors: list[str]) -> None:
     session = RouteSession(tracker, "bench-model", client_id="bench")
     go.wait()
     try:
@@ -85,9 +85,9 @@ def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[
     times: list[list[float]] = [[] for _ in range(c)]
     outs: list[list[int]] = [[] for _ in range(c)]
     errors: list[str] = []
-    go, start = threading.Event(), [0.0]
-    threads = [threading.Thread(target=_stream, args=(tracker, prompts[i], tokens, go, start, times[i], outs[i],
-                                                      errors)) for i in range(c)]
+    go = threading.Event()
+    threads = [threading.Thread(target=_stream, args=(tracker, prompts[i], tokens, go, times[i], outs[i], errors))
+               for i in range(c)]
     for th in threads:
         th.start()
     before = probe.snapshot()
