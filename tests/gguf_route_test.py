@@ -16,12 +16,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import psutil
 import pytest
 
 from meshnet.client.session import GenerationParams, RouteSession
-from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
@@ -58,18 +56,16 @@ def swarm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tracker(swarm):
-    with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as client:
+    with swarm.client() as client:
         yield client
 
 
 
 def health(swarm) -> dict[str, shard_pb2.HealthReply]:
-    with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as client:
-        nodes = client.coverage("smollm2").nodes
     out = {}
-    for node in nodes:
-        with grpc.insecure_channel(node.address) as channel:
-            out[node.node_id] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5)
+    for node_id, channel in swarm.shard_channels().items():
+        with channel:
+            out[node_id] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5)
     return out
 
 
@@ -103,8 +99,8 @@ def test_ledger_holds_every_hops_tokens(swarm, tokenizer):
         ledger = Ledger(swarm.tracker.db)
         totals = {t.node_id: (t.prefill_tokens, t.decode_tokens) for t in ledger.totals()}
         ledger.close()
-        middle = tuple(map(sum, zip(*(totals.get(n, (0, 0)) for n in ("node-1", "node-1b")))))
-        got = {"first": totals.get("node-0"), "middle": middle, "last": totals.get("node-2")}
+        middle = tuple(map(sum, zip(*(totals.get(swarm.ids[n], (0, 0)) for n in ("node-1", "node-1b")))))
+        got = {"first": totals.get(swarm.ids["node-0"]), "middle": middle, "last": totals.get(swarm.ids["node-2"])}
         if got == expected or time.monotonic() > deadline:
             break
         time.sleep(0.2)

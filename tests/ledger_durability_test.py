@@ -1,6 +1,8 @@
-"""Ledger durability: 10,000 work records reported over gRPC while the tracker process is
-SIGKILLed at random moments and restarted on the same database; every acknowledged record must
-be in the ledger afterwards (unacknowledged ones may or may not be: the client retries them)."""
+"""Ledger durability: 10,000 work records reported over gRPC (signed by 4 node identities, for
+triples issued beforehand) while the tracker process is SIGKILLed at random moments and
+restarted on the same database; every acknowledged record must be in the ledger afterwards
+(unacknowledged ones may or may not be: the client retries them, with the same report id, so a
+record acknowledged late is still counted once)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,11 @@ import time
 
 import grpc
 
-from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.identity.keys import Identity
 from meshnet.tracker.ledger import Ledger
 from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId
 from meshnet.types.seam import RouteSession
-from tracker_process import SECRET, TrackerProcess
+from tracker_process import TrackerProcess
 
 RECORDS = 10_000
 WORKERS = 6
@@ -23,6 +24,10 @@ KILLS = 3
 
 
 def test_acknowledged_records_survive_sigkill(tmp_path):
+    nodes = [Identity.generate() for _ in range(4)]
+    issuer = Ledger(tmp_path / "tracker.db")
+    issuer.issue([(f"rec-{i:05d}", 1, nodes[i % 4].node_id) for i in range(RECORDS)], RECORDS + 1)
+    issuer.close()
     tracker = TrackerProcess(tmp_path, []).start()
     rng = random.Random(20261129)
     pending = list(range(RECORDS))
@@ -32,7 +37,7 @@ def test_acknowledged_records_survive_sigkill(tmp_path):
     done = threading.Event()
 
     def worker() -> None:
-        client, client_address = None, None
+        clients, client_address = [], None
         while not done.is_set():
             with lock:
                 if not pending:
@@ -40,10 +45,11 @@ def test_acknowledged_records_survive_sigkill(tmp_path):
                 i = pending.pop()
             if client_address != address["value"]:
                 client_address = address["value"]
-                client = TrackerClient(client_address, SECRET, timeout=5)
+                clients = [tracker.client("node", key, timeout=5) for key in nodes]
             entry = tt.WorkEntry(RouteSession(f"rec-{i:05d}", 1), prefill_tokens=i, decode_tokens=1)
             try:
-                ok = client.report_work(tt.WorkReport(NodeId(f"node-{i % 4}"), (entry,))).status.ok
+                report = tt.WorkReport(nodes[i % 4].node_id, (entry,), report_id=i + 1)
+                ok = clients[i % 4].report_work(report).status.ok
             except grpc.RpcError:
                 ok = False
             with lock:

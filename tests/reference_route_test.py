@@ -13,12 +13,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 
 from meshnet.client.session import GenerationParams, MeshnetError, RouteSession
-from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.reference.model import load_model, load_tokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
@@ -60,18 +58,19 @@ def swarm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tracker(swarm):
-    with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as client:
+    with swarm.client() as client:
         yield client
 
 
 
 def live_sessions(swarm) -> dict[str, int]:
     counts = {}
-    for name, node in swarm.nodes.items():
-        if node.proc.poll() is not None:
+    for node_id, channel in swarm.shard_channels().items():
+        if swarm.nodes[node_id].proc.poll() is not None:
             continue
-        with grpc.insecure_channel(node.address) as channel:
-            counts[name] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5).active_sessions
+        with channel:
+            counts[node_id] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(),
+                                                                       timeout=5).active_sessions
     return counts
 
 

@@ -1,5 +1,5 @@
-"""Process plumbing shared by every role's main(): JSON-line logs, the swarm secret, the port
-file that tells a launcher where a server listens, and a stop event set by SIGTERM/SIGINT."""
+"""Process plumbing shared by every role's main(): JSON-line logs, role tokens, the port file
+that tells a launcher where a server listens, and a stop event set by SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ def log(event: str, **fields: Any) -> None:
     print(json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str), file=sys.stderr, flush=True)
 
 
-def read_secret(secret_file: Optional[Path]) -> str:
-    """The swarm secret from a file, else $MESHNET_SWARM_SECRET ('' if neither)."""
-    return secret_file.read_text().strip() if secret_file else os.environ.get("MESHNET_SWARM_SECRET", "")
+def read_token(token_file: Optional[Path], env: str) -> str:
+    """A role token from a file, else from the environment variable `env` ('' if neither)."""
+    return token_file.read_text().strip() if token_file else os.environ.get(env, "")
 
 
 def write_port_file(path: Optional[Path], port: int) -> None:

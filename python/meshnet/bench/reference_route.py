@@ -75,7 +75,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         with LocalSwarm(Path(tmp), gguf, [(0, 10), (10, 20), (20, 30)], threads=1) as swarm:
-            with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as tracker:
+            with swarm.client() as tracker:
                 route(tracker, ids, 4)  # warm-up
                 lanes["reference_route_3_nodes"] = [route(tracker, ids, args.tokens) for _ in range(args.repeats)]
 

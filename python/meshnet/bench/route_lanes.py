@@ -30,8 +30,8 @@ Progress = Callable[[str], None]
 class HealthProbe:
     """Health of every shard in a swarm: snapshots, plus maxima sampled in the background."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
-        self._channels = [grpc.insecure_channel(a) for a in addresses]
+    def __init__(self, channels: Sequence[grpc.Channel]) -> None:
+        self._channels = list(channels)
         self._stubs = [shard_pb2_grpc.ShardStub(c) for c in self._channels]
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -138,8 +138,9 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend
                     threads=threads, max_sessions=max(max(concurrency), 8), max_kv_tokens=max_kv_tokens, host=host,
                     node_hosts=node_hosts, node_prefixes=node_prefixes) as swarm:
         startup_s = time.perf_counter() - started
-        with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as tracker:
-            probe = HealthProbe([n.address for n in swarm.nodes.values()])
+        with swarm.client() as tracker:
+            channels = swarm.shard_channels()
+            probe = HealthProbe([channels[node_id] for node_id in swarm.nodes])
             try:
                 run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4)  # warm-up
                 cells, tokens_c1 = [], {}

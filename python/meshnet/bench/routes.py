@@ -27,7 +27,6 @@ from pathlib import Path
 
 from meshnet.client.session import GenerationParams, RouteSession
 from meshnet.process import free_port
-from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm
 
@@ -63,7 +62,7 @@ def llama_cpp_rpc(bench: Path, rpc_server: Path, gguf: Path, servers: int, token
 
 def route_lane(workdir: Path, gguf: Path, worker: Path, backend: str, cuts, ids, tokens, repeats):
     with LocalSwarm(workdir, gguf, cuts, backend=backend, worker_binary=worker, threads=1) as swarm:
-        with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as tracker:
+        with swarm.client() as tracker:
             runs = []
             for i in range(repeats + 1):  # the first run warms up
                 session = RouteSession(tracker, "smollm2", client_id="bench")

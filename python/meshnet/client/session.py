@@ -1,7 +1,10 @@
 """RouteSession: generation through a tracker-issued chain of shards, with failover.
 
-The client asks the tracker for a route, opens one Seam stream to the first hop and a Results
-stream on the last hop, prefills the prompt, then sends one decode step per token it receives.
+The client asks the tracker for a route (a signed ticket per hop), opens one Seam stream to the
+first hop and a Results stream on the last hop, each over TLS pinned to the hop's registered
+certificate, presents the first hop's ticket (the others travel with the frame, one per hop) and
+proves with its key that it opened the route when it reads results; it prefills the prompt,
+then sends one decode step per token it receives.
 On a hop failure it reports the failing node, takes the new epoch's route and replays prompt +
 tokens already delivered as a fresh prefill, so the caller sees every token exactly once.
 Thread ownership: a RouteSession is used by one caller thread; two reader threads per
@@ -19,6 +22,8 @@ from typing import Iterator, Optional, Sequence
 
 import grpc
 
+from meshnet.identity import tickets
+from meshnet.identity.tls import pinned_channel
 from meshnet.protocol import seam
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.shard.v1 import shard_pb2_grpc
@@ -58,18 +63,25 @@ class GenerationParams:
 class _Connection:
     """The streams of one route epoch."""
 
-    def __init__(self, route: tt.RouteReply) -> None:
+    def __init__(self, route: tt.RouteReply, tracker: TrackerClient, insecure: bool) -> None:
         self.route = route.session
         self.hops = route.hops
         self.events: queue.Queue = queue.Queue()
         self._frames: queue.Queue = queue.Queue()
-        first, last = self.hops[0].node, self.hops[-1].node
-        self._channels = [grpc.insecure_channel(first.address)]
-        if last.address != first.address:
-            self._channels.append(grpc.insecure_channel(last.address))
+        first, last = self.hops[0], self.hops[-1]
+        for hop in (first, last):
+            if hop.ticket is None:
+                raise MeshnetError(Status(StatusCode.UNAUTHENTICATED, f"the tracker sent no ticket for {hop.node.node_id}"))
+            if not hop.node.tls_certificate and not insecure:
+                raise MeshnetError(Status(StatusCode.PERMISSION_DENIED, f"hop {hop.node.node_id} registered no TLS "
+                                          "certificate; plaintext needs insecure=True"))
+        self._channels = [pinned_channel(first.node.address, first.node.tls_certificate.encode() or None)]
+        if last is not first:
+            self._channels.append(pinned_channel(last.node.address, last.node.tls_certificate.encode() or None))
         self._seam = shard_pb2_grpc.ShardStub(self._channels[0]).Seam(iter(self._frames.get, _CLOSE))
-        self._results = shard_pb2_grpc.ShardStub(self._channels[-1]).Results(
-            seam.to_proto(t.ResultsRequest(seam.PROTOCOL_VERSION, self.route)))
+        request = t.ResultsRequest(seam.PROTOCOL_VERSION, self.route, last.ticket,
+                                   tickets.results_signature(tracker.identity, last.ticket))
+        self._results = shard_pb2_grpc.ShardStub(self._channels[-1]).Results(seam.to_proto(request))
         threading.Thread(target=self._read_seam, daemon=True).start()
         threading.Thread(target=self._read_results, daemon=True).start()
 
@@ -111,8 +123,10 @@ class _Connection:
 
 class RouteSession:
     def __init__(self, tracker: TrackerClient, model: str, *, client_id: str = "meshnet-client",
-                 max_failovers: int = 3) -> None:
+                 max_failovers: int = 3, insecure: bool = False) -> None:
+        """`insecure` allows hops without a TLS certificate (plaintext; loopback development)."""
         self._tracker = tracker
+        self._insecure = insecure
         self._model = model
         self._client_id = client_id
         self._max_failovers = max_failovers
@@ -139,7 +153,7 @@ class RouteSession:
         while True:
             if not reply.status.ok:
                 raise MeshnetError(reply.status)
-            conn = self._connection = _Connection(reply)
+            conn = self._connection = _Connection(reply, self._tracker, self._insecure)
             try:
                 for token in self._run(conn, list(prompt_ids) + delivered, params, params.max_tokens - len(delivered)):
                     if self.ttft is None:
@@ -171,7 +185,8 @@ class RouteSession:
         sampling = t.SamplingParams(params.temperature, params.top_k, params.top_p, params.seed, 0,
                                     tuple(params.stop_token_ids))
         downstream = tuple(t.DownstreamHop(h.node.node_id, h.node.address,
-                                           t.ShardRange(h.node.layers.start, h.node.layers.end, h.layers.start))
+                                           t.ShardRange(h.node.layers.start, h.node.layers.end, h.layers.start),
+                                           h.ticket)
                            for h in conn.hops[1:])
         first = conn.hops[0]
         step = itertools.count(1)
@@ -179,7 +194,7 @@ class RouteSession:
         conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.PREFILL, next(step),
                               range=t.ShardRange(first.node.layers.start, first.node.layers.end, first.layers.start),
                               span=t.TokenSpan(0, len(ids)), token_ids=tuple(ids), expected_cache=t.CacheState(0),
-                              sampling=sampling, downstream=downstream))
+                              sampling=sampling, downstream=downstream, ticket=first.ticket))
         for produced in range(budget):
             event = self._next_event(conn, params.token_timeout)
             token = event.tokens[0].token_id

@@ -7,15 +7,11 @@ shard's address, its live-session count and heartbeat telemetry. Main thread onl
 
 from __future__ import annotations
 
-from concurrent import futures
 from pathlib import Path
 from typing import Optional, Protocol
 
-import grpc
-
+from meshnet.identity.tls import pinned_channel
 from meshnet.node.worker import WorkerProcess, take_work
-from meshnet.protocol import diag
-from meshnet.shard.v1 import shard_pb2_grpc
 from meshnet.types import tracker as tt
 from meshnet.types.seam import Fingerprints
 
@@ -40,23 +36,20 @@ class Backend(Protocol):
 class ReferenceBackend:
     kind = tt.BackendKind.REFERENCE
 
-    def __init__(self, gguf: Path, layers: tuple[int, int], listen: str, node_id: Optional[str],
-                 fingerprints: Fingerprints, *, max_sessions: int, max_kv_tokens: int, idle_seconds: float) -> None:
+    def __init__(self, gguf: Path, layers: tuple[int, int], listen: str, node_id: str,
+                 fingerprints: Fingerprints, *, max_sessions: int, max_kv_tokens: int, idle_seconds: float,
+                 tracker_key: bytes, tls: Optional[tuple[bytes, bytes]]) -> None:
+        """`tls`: (certificate PEM, key PEM) of the shard service, or None for plaintext (--insecure)."""
         # Imported here: torch and transformers cost a GGUF node's control process ~400 MiB.
         from meshnet.reference.model import ReferenceEngine, ShardModel, load_model
-        from meshnet.reference.server import ShardServer
+        from meshnet.reference.server import serve_shard
 
         self.engine = ReferenceEngine(ShardModel(load_model(gguf), *layers), max_sessions, max_kv_tokens)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * max_sessions + 8))
-        host = listen.rsplit(":", 1)[0]
-        port = self._server.add_insecure_port(listen)
-        self.node_id = node_id or f"reference-{port}"
-        shard = ShardServer(self.engine, self.node_id, fingerprints, idle_seconds=idle_seconds)
-        shard_pb2_grpc.add_ShardServicer_to_server(shard, self._server)
-        diag.add_to_server(self._server, self.node_id)
-        self._server.start()
-        self._address = f"{host}:{port}"
-        self._channel = grpc.insecure_channel(self._address)
+        self.node_id = node_id
+        self._server, port = serve_shard(self.engine, node_id, fingerprints, tracker_key, listen, tls,
+                                         idle_seconds=idle_seconds)
+        self._address = f"{listen.rsplit(':', 1)[0]}:{port}"
+        self._channel = pinned_channel(self._address, tls[0] if tls else None)
 
     def take_work(self) -> tuple[tt.WorkEntry, ...]:
         return take_work(self._channel)
@@ -84,10 +77,13 @@ class GgufBackend:
     kind = tt.BackendKind.GGUF
 
     def __init__(self, worker_binary: Path, gguf: Path, layers: tuple[int, int], listen: str, node_id: str, *,
-                 threads: int, max_sessions: int, max_kv_tokens: int, log: Optional[Path]) -> None:
+                 threads: int, max_sessions: int, max_kv_tokens: int, log: Optional[Path], tracker_key: bytes,
+                 tls: Optional[tuple[Path, Path]]) -> None:
+        """`tls`: paths of the shard service's certificate and key PEM, or None (--insecure)."""
         self.node_id = node_id
         self._worker = WorkerProcess(worker_binary, gguf, layers, listen.rsplit(":", 1)[0], node_id, threads=threads,
-                                     max_sessions=max_sessions, n_ctx=max_kv_tokens, log=log)
+                                     max_sessions=max_sessions, n_ctx=max_kv_tokens, tracker_key=tracker_key,
+                                     tls=tls, log=log)
         self._worker.start()
 
     @property

@@ -1,23 +1,33 @@
-"""`bazel run //python:node -- --tracker HOST:PORT --gguf PATH --model NAME --layers A:B [--backend gguf]`.
+"""`bazel run //python:node -- --tracker HOST:PORT --tracker-ca CA.pem --identity KEY --gguf PATH
+--model NAME --layers A:B [--backend gguf]`.
 
-Runs the shard backend (reference: HF Transformers in this process; gguf: the native worker as
-a supervised child process, restarted if it dies), serves the seam protocol, computes the artifact, recipe and range
-fingerprints, registers with the tracker and heartbeats with load telemetry. SIGTERM drains:
-no new routes, live sessions get `--drain-seconds` to finish, then the node deregisters and
-stops. Exit status 2 when the tracker refuses the node (the reason is logged).
+Loads (or creates) the node's Ed25519 identity, whose public key names the node; fetches the
+tracker's ticket key over TLS; makes a fresh TLS certificate for its shard service; runs the
+shard backend (reference: HF Transformers in this process; gguf: the native worker as a
+supervised child process, restarted if it dies) with that key and certificate, so it admits
+only ticketed work; computes the artifact, recipe and range fingerprints; registers (signed,
+with the node role token from --token-file or $MESHNET_NODE_TOKEN) and heartbeats with load
+telemetry. SIGTERM drains: no new routes, live sessions get `--drain-seconds` to finish, then the
+node deregisters and stops. Exit status 2 when the tracker refuses the node (the reason is
+logged). `--insecure` serves and dials plaintext (loopback development only).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import grpc
+
+from meshnet.identity import tls
+from meshnet.identity.keys import Identity
 from meshnet.node.backends import GgufBackend, ReferenceBackend
-from meshnet.process import log, read_secret, stop_on_signals, write_port_file
+from meshnet.process import log, read_token, stop_on_signals, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
@@ -50,7 +60,11 @@ def report_work(tracker: TrackerClient, node_id: str, backend) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Meshnet node")
     parser.add_argument("--tracker", required=True, help="tracker host:port")
-    parser.add_argument("--secret-file", type=Path, help="swarm secret (else $MESHNET_SWARM_SECRET)")
+    parser.add_argument("--token-file", type=Path, help="the node role's token (else $MESHNET_NODE_TOKEN)")
+    parser.add_argument("--identity", required=True, type=Path, help="Ed25519 key file (created 0600 if absent)")
+    parser.add_argument("--tracker-ca", type=Path, help="PEM that verifies the tracker's TLS certificate")
+    parser.add_argument("--insecure", action="store_true",
+                        help="plaintext to the tracker and on the shard service (loopback development only)")
     parser.add_argument("--gguf", required=True, type=Path)
     parser.add_argument("--model", required=True, help="the certified model name")
     parser.add_argument("--layers", required=True, type=parse_layers, help="START:END, end exclusive")
@@ -58,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-binary", type=Path, default=os.environ.get("MESHNET_WORKER_BINARY"),
                         help="the native worker (cpp/worker), for --backend gguf")
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port of the shard service")
-    parser.add_argument("--node-id", help="default: <host>-<pid>")
     parser.add_argument("--max-sessions", type=int, default=16)
     parser.add_argument("--max-kv-tokens", type=int, default=32768)
     parser.add_argument("--threads", type=int, default=1, help="compute threads")
@@ -69,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=3, help="worker restarts before giving up (gguf)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once registered")
     args = parser.parse_args(argv)
-    secret = read_secret(args.secret_file)
-    if not secret:
-        parser.error("a swarm secret is required: --secret-file or $MESHNET_SWARM_SECRET")
+    token = read_token(args.token_file, "MESHNET_NODE_TOKEN")
+    if not token:
+        parser.error("the node role token is required: --token-file or $MESHNET_NODE_TOKEN")
+    if args.tracker_ca is None and not args.insecure:
+        parser.error("--tracker-ca is required (or --insecure for loopback development)")
     if not args.gguf.is_file():
         parser.error(f"no GGUF file at {args.gguf}")
     if args.backend == "gguf" and (args.worker_binary is None or not Path(args.worker_binary).is_file()):
@@ -84,27 +99,49 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--layers {start}:{end}: {err}")
     artifact = artifact_fingerprint(args.gguf)
     recipe = recipe_of(summary, args.backend).fingerprint()
-    node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
-    if args.backend == "gguf":
-        backend = GgufBackend(Path(args.worker_binary), args.gguf, (start, end), args.listen, node_id,
-                              threads=args.threads, max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
-                              log=args.port_file.with_suffix(".worker.log") if args.port_file else None)
-    else:
-        import torch  # only the reference backend computes in this process
+    identity = Identity.load_or_create(args.identity)
+    node_id = identity.node_id
+    tracker = TrackerClient(args.tracker, token, identity,
+                            tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
+    try:
+        tracker_key = tracker.tracker_key()
+    except grpc.RpcError as err:
+        log("tracker_unreachable", tracker=args.tracker, error=err.code().name, message=err.details())
+        return 1
+    with tempfile.TemporaryDirectory(prefix="meshnet-node-tls-") as private:
+        cert_pem, key_pem = (None, None) if args.insecure else tls.node_certificate()
+        if cert_pem is not None:
+            cert_path = tls.write_private(Path(private) / "shard.crt", cert_pem)
+            key_path = tls.write_private(Path(private) / "shard.key", key_pem)
+        if args.backend == "gguf":
+            backend = GgufBackend(Path(args.worker_binary), args.gguf, (start, end), args.listen, node_id,
+                                  threads=args.threads, max_sessions=args.max_sessions,
+                                  max_kv_tokens=args.max_kv_tokens, tracker_key=tracker_key,
+                                  tls=(cert_path, key_path) if cert_pem else None,
+                                  log=args.port_file.with_suffix(".worker.log") if args.port_file else None)
+        else:
+            import torch  # only the reference backend computes in this process
 
-        torch.set_num_threads(args.threads)
-        backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id, Fingerprints(artifact, recipe),
-                                   max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
-                                   idle_seconds=args.session_idle_seconds)
+            torch.set_num_threads(args.threads)
+            backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id, Fingerprints(artifact, recipe),
+                                       max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
+                                       idle_seconds=args.session_idle_seconds, tracker_key=tracker_key,
+                                       tls=(cert_pem, key_pem) if cert_pem else None)
+        return serve(args, tracker, backend, tt.NodeInfo(
+            node_id, backend.address, backend.kind, args.model, summary.architecture, Fingerprints(artifact, recipe),
+            range_fp, tt.LayerRange(start, end), tt.Capacity(args.max_sessions, args.max_kv_tokens, 0),
+            summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else ""))
+
+
+def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.NodeInfo) -> int:
+    """Registers, heartbeats and supervises until a stop signal, then drains; the exit status."""
+    node_id = info.node_id
 
     def node_info() -> tt.NodeInfo:
-        return tt.NodeInfo(NodeId(node_id), backend.address, backend.kind, args.model, summary.architecture,
-                           Fingerprints(artifact, recipe), range_fp, tt.LayerRange(start, end),
-                           tt.Capacity(args.max_sessions, args.max_kv_tokens, 0), summary.n_layer)
+        return dataclasses.replace(info, address=backend.address)
 
-    tracker = TrackerClient(args.tracker, secret)
     reply = tracker.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info()))
-    log("registered", node=node_id, backend=args.backend, address=backend.address, layers=[start, end],
+    log("registered", node=node_id, backend=args.backend, address=backend.address, layers=list(args.layers),
         admission=reply.admission.name, status=reply.status.code.name, reason=reply.reason)
     if not reply.status.ok or reply.admission == tt.Admission.REFUSED:
         backend.stop()
@@ -114,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     restarts = 0
     while not stop.wait(args.heartbeat_seconds):
         if not backend.alive():
-            tracker.deregister(NodeId(node_id))  # its sessions are gone; clients fail over
+            tracker.deregister(node_id)  # its sessions are gone; clients fail over
             if restarts >= args.max_restarts:
                 log("worker_failed", node=node_id, restarts=restarts)
                 tracker.close()
@@ -124,18 +161,18 @@ def main(argv: list[str] | None = None) -> int:
             backend.restart()
             tracker.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info()))
             continue
-        beat = tracker.heartbeat(NodeId(node_id), backend.load())
+        beat = tracker.heartbeat(node_id, backend.load())
         report_work(tracker, node_id, backend)
         if beat.status.code.name == "NOT_FOUND":  # the lease lapsed (e.g. tracker restart): register again
             tracker.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info()))
     log("draining", node=node_id)
-    tracker.drain(NodeId(node_id))
+    tracker.drain(node_id)
     deadline = time.monotonic() + args.drain_seconds
     while backend.alive() and backend.load().active_sessions and time.monotonic() < deadline:
         time.sleep(0.1)
     if backend.alive():
         report_work(tracker, node_id, backend)
-    tracker.deregister(NodeId(node_id))
+    tracker.deregister(node_id)
     backend.stop()
     tracker.close()
     log("stopped", node=node_id)

@@ -1,8 +1,9 @@
 """Supervision of the native shard worker (cpp/worker) as a child process of the node.
 
-The node starts `worker --model ... --layers A:B --listen HOST:0`, reads the bound port from
-the worker's first stdout line ({"event": "listening", "port": N}), waits until Health
-answers, and polls Health for heartbeat telemetry. Called from the node's main thread only.
+The node starts `worker --model ... --layers A:B --listen HOST:0 --node_id ID --tracker_key HEX
+(--tls_cert C --tls_key K | --insecure=1)`, reads the bound port from the worker's first stdout
+line ({"event": "listening", "port": N}), waits until Health answers (over the same pinned TLS
+a peer uses), and polls Health for heartbeat telemetry. Called from the node's main thread only.
 Invariant: stop() leaves no worker process behind (SIGTERM, then SIGKILL after a grace).
 """
 
@@ -17,6 +18,7 @@ from typing import Optional
 
 import grpc
 
+from meshnet.identity.tls import pinned_channel
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import tracker as tt
 from meshnet.types.seam import RouteSession
@@ -35,12 +37,16 @@ def take_work(channel: grpc.Channel) -> tuple[tt.WorkEntry, ...]:
 
 class WorkerProcess:
     def __init__(self, binary: Path, gguf: Path, layers: tuple[int, int], host: str, node_id: str, *,
-                 threads: int, max_sessions: int, n_ctx: int, log: Optional[Path] = None) -> None:
+                 threads: int, max_sessions: int, n_ctx: int, tracker_key: bytes,
+                 tls: Optional[tuple[Path, Path]], log: Optional[Path] = None) -> None:
+        """`tls`: (certificate PEM path, key PEM path), or None to serve plaintext (--insecure)."""
         if not binary.is_file():
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
                      f"--threads={threads}", f"--max_sessions={max_sessions}", f"--n_ctx={n_ctx}",
-                     f"--node_id={node_id}"]
+                     f"--node_id={node_id}", f"--tracker_key={tracker_key.hex()}"]
+        self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]
+        self._cert = tls[0].read_bytes() if tls else None
         self._host = host
         self._log = log
         self.n_ctx = n_ctx
@@ -75,7 +81,7 @@ class WorkerProcess:
             self.stop()
             raise WorkerError(f"worker did not start listening within {timeout:.0f}s (exit {code}); see {self._log}")
         self.port = ready["port"]
-        self._channel = grpc.insecure_channel(self.address)
+        self._channel = pinned_channel(self.address, self._cert)
         deadline = time.monotonic() + timeout
         while True:
             try:

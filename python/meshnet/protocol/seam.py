@@ -136,6 +136,18 @@ def _token_out(v: t.SampledToken, m: pb.SampledToken) -> None:
         m.top.add(token_id=alt.token_id, logprob=alt.logprob)
 
 
+def _ticket_in(m: pb.RouteTicket) -> t.RouteTicket:
+    return t.RouteTicket(m.body, m.signature)
+
+
+def _ticket_out(v: t.RouteTicket, m: pb.RouteTicket) -> None:
+    m.body, m.signature = bytes(v.body), bytes(v.signature)
+
+
+def _downstream_in(m: pb.DownstreamHop) -> t.DownstreamHop:
+    return t.DownstreamHop(m.node_id, m.address, _opt(m, "range", _range_in), _opt(m, "ticket", _ticket_in))
+
+
 # ---- top-level messages ---------------------------------------------------------------------
 
 def _frame_in(m: pb.SeamFrame) -> t.SeamFrame:
@@ -153,7 +165,8 @@ def _frame_in(m: pb.SeamFrame) -> t.SeamFrame:
         budget_ms=m.budget_ms,
         sampling=_opt(m, "sampling", _sampling_in),
         fragment=_opt(m, "fragment", _fragment_in),
-        downstream=tuple(t.DownstreamHop(d.node_id, d.address, _opt(d, "range", _range_in)) for d in m.downstream),
+        downstream=tuple(_downstream_in(d) for d in m.downstream),
+        ticket=_opt(m, "ticket", _ticket_in),
     )
 
 
@@ -172,6 +185,8 @@ def _frame_out(v: t.SeamFrame) -> pb.SeamFrame:
     for hop in v.downstream:
         d = m.downstream.add(node_id=hop.node_id, address=hop.address)
         _set(d, "range", hop.range, _range_out)
+        _set(d, "ticket", hop.ticket, _ticket_out)
+    _set(m, "ticket", v.ticket, _ticket_out)
     return m
 
 
@@ -206,13 +221,15 @@ def _result_out(v: t.ResultFrame) -> pb.ResultFrame:
 
 
 def _results_request_in(m: pb.ResultsRequest) -> t.ResultsRequest:
-    return t.ResultsRequest(_opt(m, "version", _version_in), _opt(m, "session", _session_in))
+    return t.ResultsRequest(_opt(m, "version", _version_in), _opt(m, "session", _session_in),
+                            _opt(m, "ticket", _ticket_in), m.client_signature)
 
 
 def _results_request_out(v: t.ResultsRequest) -> pb.ResultsRequest:
-    m = pb.ResultsRequest()
+    m = pb.ResultsRequest(client_signature=bytes(v.client_signature))
     _set(m, "version", v.version, _version_out)
     _set(m, "session", v.session, _session_out)
+    _set(m, "ticket", v.ticket, _ticket_out)
     return m
 
 
@@ -263,6 +280,29 @@ def from_proto(message: Message) -> NativeMessage:
 def encode(value: NativeMessage) -> bytes:
     """Deterministic wire bytes of a native seam message."""
     return to_proto(value).SerializeToString(deterministic=True)
+
+
+def encode_ticket_body(body: t.TicketBody) -> bytes:
+    """The bytes a ticket signs (deterministic)."""
+    m = pb.TicketBody(session_id=body.session_id, epoch=body.epoch, node_id=body.node_id,
+                      downstream_node_id=body.downstream_node_id, downstream_address=body.downstream_address,
+                      downstream_public_key=body.downstream_public_key,
+                      downstream_tls_certificate=body.downstream_tls_certificate,
+                      client_public_key=body.client_public_key, client_principal=body.client_principal,
+                      expires_unix_ms=body.expires_unix_ms)
+    _set(m, "range", body.range, _range_out)
+    return m.SerializeToString(deterministic=True)
+
+
+def decode_ticket_body(data: bytes) -> t.TicketBody:
+    m = pb.TicketBody()
+    try:
+        m.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise invalid(f"undecodable TicketBody: {err}") from err
+    return t.TicketBody(SessionId(m.session_id), m.epoch, m.node_id, _opt(m, "range", _range_in),
+                        m.downstream_node_id, m.downstream_address, m.downstream_public_key,
+                        m.downstream_tls_certificate, m.client_public_key, m.client_principal, m.expires_unix_ms)
 
 
 def check_version(version: Optional[t.ProtocolVersion]) -> None:

@@ -2,6 +2,9 @@
 
 Used by the newcomer's swarm command (run.py), integration tests and benchmarks. Every
 process is a real `python -m meshnet.<role>.main` with its own gRPC server; nothing is faked.
+Security is on as in production (ADR 0003): the tracker gets a TLS certificate, a ticket key and
+a distinct token per role; every node gets its own identity key (so its node id is known before
+it starts) and serves TLS. `insecure=True` turns TLS off (tickets stay on).
 Invariant: `LocalSwarm.stop()` (or the context manager) ends every child it started.
 """
 
@@ -9,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -17,7 +19,13 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+import grpc
+
+from meshnet.identity import tls
+from meshnet.identity.keys import Identity
+from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import certify
+from meshnet.tracker.service import new_role_tokens
 
 
 def _env() -> dict[str, str]:
@@ -35,19 +43,33 @@ def _wait_for_port(proc: subprocess.Popen, port_file: Path, log: Path, timeout: 
 
 
 class TrackerProcess:
-    def __init__(self, workdir: Path, models: list[dict], secret: str, *, lease_seconds: float = 10.0,
-                 ban_seconds: float = 30.0, db: Optional[Path] = None, tls: Optional[tuple[Path, Path]] = None,
-                 host: str = "127.0.0.1") -> None:
-        self.workdir, self.secret, self.host = workdir, secret, host
+    def __init__(self, workdir: Path, models: list[dict], *, lease_seconds: float = 10.0,
+                 ban_seconds: float = 30.0, db: Optional[Path] = None, insecure: bool = False,
+                 host: str = "127.0.0.1", ticket_seconds: float = 600.0) -> None:
+        self.workdir, self.host, self.insecure = workdir, host, insecure
         self.db = db or workdir / "tracker.db"
         self.models_file = workdir / "models.json"
         self.models_file.write_text(json.dumps(models))
-        self.secret_file = workdir / "secret"
-        self.secret_file.write_text(secret)
-        self.lease_seconds, self.ban_seconds, self.tls = lease_seconds, ban_seconds, tls
+        self.roles = new_role_tokens()
+        self.roles_file = tls.write_private(workdir / "roles.json", json.dumps(self.roles).encode())
+        self.token_files = {role: tls.write_private(workdir / f"{role}.token", token.encode())
+                            for role, token in self.roles.items()}
+        self.ticket_key = workdir / "tracker-ticket.key"
+        self.ca: Optional[bytes] = None  # the tracker's certificate, which its clients trust
+        self.tls: Optional[tuple[Path, Path]] = None
+        if not insecure:
+            cert, key = tls.self_signed("meshnet-tracker", ["localhost"], [host])
+            self.ca = cert
+            self.tls = (tls.write_private(workdir / "tracker.crt", cert), tls.write_private(workdir / "tracker.key", key))
+        self.lease_seconds, self.ban_seconds, self.ticket_seconds = lease_seconds, ban_seconds, ticket_seconds
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         self.log = workdir / "tracker.log"
+
+    def client(self, role: str = "client", identity: Optional[Identity] = None, timeout: float = 10.0) -> TrackerClient:
+        """A tracker client with `role`'s token and `identity` (a fresh key by default)."""
+        return TrackerClient(self.address, self.roles[role], identity or Identity.generate(), tracker_ca=self.ca,
+                             timeout=timeout)
 
     @property
     def address(self) -> str:
@@ -57,11 +79,11 @@ class TrackerProcess:
         port_file = self.workdir / "tracker.port"
         port_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "meshnet.tracker.main", "--listen", f"{self.host}:0", "--db", str(self.db),
-               "--models", str(self.models_file), "--secret-file", str(self.secret_file),
+               "--models", str(self.models_file), "--roles-file", str(self.roles_file), "--ticket-key",
+               str(self.ticket_key), "--ticket-seconds", str(self.ticket_seconds),
                "--lease-seconds", str(self.lease_seconds), "--ban-seconds", str(self.ban_seconds),
                "--port-file", str(port_file)]
-        if self.tls:
-            cmd += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
+        cmd += ["--insecure"] if self.insecure else ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
         self.proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         self.port = _wait_for_port(self.proc, port_file, self.log, 60, "tracker")
         return self
@@ -81,7 +103,7 @@ class TrackerProcess:
 
 class NodeProcess:
     def __init__(self, workdir: Path, tracker: TrackerProcess, gguf: Path, model: str, layers: tuple[int, int],
-                 node_id: str, *, backend: str = "reference", max_sessions: int = 16, threads: int = 1,
+                 name: str, *, backend: str = "reference", max_sessions: int = 16, threads: int = 1,
                  worker_binary: Optional[Path] = None, host: str = "127.0.0.1", prefix: Sequence[str] = (),
                  max_kv_tokens: Optional[int] = None) -> None:
         """`prefix` runs the node under another command (e.g. `ip netns exec NS`); `host` is the
@@ -89,26 +111,29 @@ class NodeProcess:
         self.workdir, self.tracker, self.gguf, self.model = workdir, tracker, gguf, model
         self.host, self.prefix, self.max_kv_tokens = host, list(prefix), max_kv_tokens
         self.worker_binary = worker_binary
-        self.layers, self.node_id, self.backend = layers, node_id, backend
+        self.layers, self.name, self.backend = layers, name, backend
+        self.identity_file = workdir / f"{name}.key"
+        self.node_id = Identity.load_or_create(self.identity_file).node_id  # what the tracker will call it
         self.max_sessions, self.threads = max_sessions, threads
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
-        self.log = workdir / f"{node_id}.log"
+        self.log = workdir / f"{name}.log"
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def launch(self) -> "NodeProcess":
-        port_file = self.workdir / f"{self.node_id}.port"
+        port_file = self.workdir / f"{self.name}.port"
         port_file.unlink(missing_ok=True)
         self._port_file = port_file
         cmd = [*self.prefix, sys.executable, "-m", "meshnet.node.main", "--tracker", self.tracker.address,
-               "--listen", f"{self.host}:0", "--secret-file",
-               str(self.tracker.secret_file), "--gguf", str(self.gguf), "--model", self.model, "--layers",
-               f"{self.layers[0]}:{self.layers[1]}", "--backend", self.backend, "--node-id", self.node_id,
+               "--listen", f"{self.host}:0", "--token-file", str(self.tracker.token_files["node"]),
+               "--identity", str(self.identity_file), "--gguf", str(self.gguf), "--model", self.model, "--layers",
+               f"{self.layers[0]}:{self.layers[1]}", "--backend", self.backend,
                "--max-sessions", str(self.max_sessions), "--threads", str(self.threads), "--heartbeat-seconds", "0.5",
                "--drain-seconds", "5", "--port-file", str(port_file)]
+        cmd += ["--insecure"] if self.tracker.insecure else ["--tracker-ca", str(self.tracker.tls[0])]
         if self.worker_binary is not None:
             cmd += ["--worker-binary", str(self.worker_binary)]
         if self.max_kv_tokens is not None:
@@ -117,7 +142,7 @@ class NodeProcess:
         return self
 
     def wait_ready(self, timeout: float = 300) -> "NodeProcess":
-        self.port = _wait_for_port(self.proc, self._port_file, self.log, timeout, f"node {self.node_id}")
+        self.port = _wait_for_port(self.proc, self._port_file, self.log, timeout, f"node {self.name}")
         return self
 
     def kill(self) -> None:
@@ -142,19 +167,21 @@ class LocalSwarm:
                  backend: str = "reference", lease_seconds: float = 3.0, max_sessions: int = 16,
                  threads: int = 1, worker_binary: Optional[Path] = None, host: str = "127.0.0.1",
                  node_hosts: Sequence[str] = (), node_prefixes: Sequence[Sequence[str]] = (),
-                 max_kv_tokens: Optional[int] = None) -> None:
+                 max_kv_tokens: Optional[int] = None, insecure: bool = False) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
-        namespaces; by default every process is on loopback."""
+        namespaces; by default every process is on loopback. `insecure`: plaintext links."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
-        self.tracker = TrackerProcess(workdir, [certify(gguf, model, backend)], secrets.token_hex(16),
-                                      lease_seconds=lease_seconds, host=host)
+        self.tracker = TrackerProcess(workdir, [certify(gguf, model, backend)], lease_seconds=lease_seconds, host=host,
+                                      insecure=insecure)
+        self.insecure = insecure
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
-        self.nodes: dict[str, NodeProcess] = {}
+        self.nodes: dict[str, NodeProcess] = {}  # by node id (derived from each node's key)
+        self.ids: dict[str, str] = {}  # node name ("node-0") -> node id
 
     def start(self) -> "LocalSwarm":
         self.tracker.start()
@@ -165,13 +192,25 @@ class LocalSwarm:
             node.wait_ready()
         return self
 
-    def add_node(self, node_id: str, layers: tuple[int, int], wait: bool = True, host: str = "127.0.0.1",
+    def add_node(self, name: str, layers: tuple[int, int], wait: bool = True, host: str = "127.0.0.1",
                  prefix: Sequence[str] = ()) -> NodeProcess:
-        node = NodeProcess(self.workdir, self.tracker, self.gguf, self.model, layers, node_id, backend=self.backend,
+        node = NodeProcess(self.workdir, self.tracker, self.gguf, self.model, layers, name, backend=self.backend,
                            max_sessions=self.max_sessions, threads=self.threads, worker_binary=self.worker_binary,
                            host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens).launch()
-        self.nodes[node_id] = node
+        self.nodes[node.node_id] = node
+        self.ids[name] = node.node_id
         return node.wait_ready() if wait else node
+
+    def client(self) -> TrackerClient:
+        """A tracker client with the client role and a fresh identity."""
+        return self.tracker.client()
+
+    def shard_channels(self) -> dict[str, grpc.Channel]:
+        """A channel to every registered node's shard service, pinned to its registered
+        certificate (for Health probes), by node id."""
+        with self.client() as client:
+            nodes = client.coverage(self.model).nodes
+        return {n.node_id: tls.pinned_channel(n.address, n.tls_certificate.encode() or None) for n in nodes}
 
     def stop(self) -> None:
         for node in self.nodes.values():

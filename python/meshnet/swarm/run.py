@@ -17,7 +17,6 @@ from pathlib import Path
 
 from meshnet.client.session import GenerationParams, RouteSession
 from meshnet.client.text import stream_text
-from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm
 
@@ -38,6 +37,8 @@ def main() -> int:
                         help="gguf: native llama.cpp workers; reference: HF Transformers shards")
     parser.add_argument("--worker-binary", type=Path, default=os.environ.get("MESHNET_WORKER_BINARY"))
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="plaintext links (route tickets are still checked); TLS everywhere by default")
     args = parser.parse_args()
     if args.gguf is None or not Path(args.gguf).is_file():
         parser.error("--gguf PATH is required (bazel run sets the bundled model)")
@@ -53,11 +54,13 @@ def main() -> int:
         if args.backend == "gguf" and (worker is None or not worker.is_file()):
             parser.error("--backend gguf needs --worker-binary (bazel run sets it)")
         with LocalSwarm(Path(tmp), Path(args.gguf).resolve(), cuts, backend=args.backend,
-                        worker_binary=worker) as swarm:
-            print(f"swarm ready in {time.perf_counter() - started:.1f}s; tracker at {swarm.tracker.address}",
+                        worker_binary=worker, insecure=args.insecure) as swarm:
+            links = "plaintext (--insecure)" if args.insecure else "TLS"
+            print(f"swarm ready in {time.perf_counter() - started:.1f}s; tracker at {swarm.tracker.address}; "
+                  f"{links} on every link, route tickets on every hop",
                   file=sys.stderr, flush=True)
-            with TrackerClient(swarm.tracker.address, swarm.tracker.secret) as tracker:
-                session = RouteSession(tracker, swarm.model, client_id="swarm-run")
+            with swarm.client() as tracker:
+                session = RouteSession(tracker, swarm.model, client_id="swarm-run", insecure=args.insecure)
                 ids = tokenizer(prompt)["input_ids"]
                 print(prompt, end="", flush=True)
                 begun, tokens = time.perf_counter(), []

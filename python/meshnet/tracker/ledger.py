@@ -1,9 +1,13 @@
 """The durable work ledger: tokens processed per (session, epoch, node), in SQLite (WAL).
 
-Called by service.py for ReportWork, and from the command line for totals:
+Called by service.py: `issue` when a route epoch is handed out, `record` for ReportWork; and
+from the command line for totals:
   python -m meshnet.tracker.ledger --db tracker.db totals
-Invariant: `record` returns only after its transaction is committed with synchronous=FULL, so
-an acknowledged report survives a crash (kill -9) of the tracker. Thread-safe (one lock).
+Invariants: `issue` and `record` return only after their transaction is committed with
+synchronous=FULL, so an acknowledged report survives a crash (kill -9) of the tracker; work is
+counted only for triples the tracker issued, at most once per (node, report id), and never more
+than the triple's token cap (the route's expected tokens), so totals stay bounded (no SQL
+integer overflow: each row is at most MAX_EXPECTED_TOKENS). Thread-safe (one lock).
 """
 
 from __future__ import annotations
@@ -15,16 +19,26 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
+from meshnet.types.status import StatusCode
 from meshnet.types.tracker import WorkEntry
 
-MAX_TOKENS = (1 << 62) - 1
+MAX_REPORT_ID = (1 << 63) - 1
 
 _SCHEMA = """
+CREATE TABLE IF NOT EXISTS issued (
+    session_id TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    node_id TEXT NOT NULL,
+    max_tokens INTEGER NOT NULL,
+    issued_at REAL NOT NULL,
+    PRIMARY KEY (session_id, epoch, node_id)
+);
 CREATE TABLE IF NOT EXISTS work (
     id INTEGER PRIMARY KEY,
     node_id TEXT NOT NULL,
+    report_id INTEGER NOT NULL,
     session_id TEXT NOT NULL,
     epoch INTEGER NOT NULL,
     prefill_tokens INTEGER NOT NULL,
@@ -32,6 +46,8 @@ CREATE TABLE IF NOT EXISTS work (
     recorded_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS work_by_node ON work (node_id);
+CREATE INDEX IF NOT EXISTS work_by_report ON work (node_id, report_id);
+CREATE INDEX IF NOT EXISTS work_by_triple ON work (session_id, epoch, node_id);
 """
 
 
@@ -43,34 +59,80 @@ class NodeTotals:
     decode_tokens: int
 
 
+class WorkRefused(Exception):
+    """A report the ledger does not count; nothing of it was written."""
+
+    def __init__(self, code: StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class Ledger:
     def __init__(self, path: str | Path) -> None:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(work)")}
+        if columns and "report_id" not in columns:
+            raise SystemExit(f"ledger {path} predates issued triples (ADR 0003); move it aside to start a new one")
         self._db.executescript(_SCHEMA)
 
-    def record(self, node_id: str, entries: Sequence[WorkEntry]) -> int:
-        """Appends `entries` in one committed transaction; raises ValueError for bad entries."""
-        rows = []
+    def issue(self, triples: Iterable[tuple[str, int, str]], max_tokens: int) -> None:
+        """Records that each (session id, epoch, node id) may report up to `max_tokens`."""
         now = time.time()
-        for e in entries:
-            if e.session is None or not e.session.session_id:
-                raise ValueError("work entry without a route session")
-            if not (0 <= e.prefill_tokens <= MAX_TOKENS and 0 <= e.decode_tokens <= MAX_TOKENS):
-                raise ValueError(f"token counts out of range: {e.prefill_tokens}, {e.decode_tokens}")
-            rows.append((node_id, e.session.session_id, e.session.epoch, e.prefill_tokens, e.decode_tokens, now))
+        rows = [(session_id, epoch, node, max_tokens, now) for session_id, epoch, node in triples]
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany("INSERT INTO work (node_id, session_id, epoch, prefill_tokens, decode_tokens, "
-                                     "recorded_at) VALUES (?, ?, ?, ?, ?, ?)", rows)
+                self._db.executemany("INSERT OR IGNORE INTO issued (session_id, epoch, node_id, max_tokens, issued_at) "
+                                     "VALUES (?, ?, ?, ?, ?)", rows)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def record(self, node_id: str, report_id: int, entries: Sequence[WorkEntry]) -> int:
+        """Counts `entries` in one committed transaction and returns how many; 0 for a report
+        already counted. Raises WorkRefused (and writes nothing) for any entry that is malformed,
+        not issued to `node_id`, or over its triple's cap."""
+        if not 0 < report_id <= MAX_REPORT_ID:
+            raise WorkRefused(StatusCode.INVALID_ARGUMENT, f"report_id must be in 1..{MAX_REPORT_ID}")
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if self._db.execute("SELECT 1 FROM work WHERE node_id = ? AND report_id = ? LIMIT 1",
+                                    (node_id, report_id)).fetchone():
+                    self._db.execute("COMMIT")
+                    return 0
+                rows = [self._checked_row(node_id, report_id, e, now) for e in entries]
+                self._db.executemany("INSERT INTO work (node_id, report_id, session_id, epoch, prefill_tokens, "
+                                     "decode_tokens, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
         return len(rows)
+
+    def _checked_row(self, node_id: str, report_id: int, e: WorkEntry, now: float) -> tuple:
+        """Lock and transaction held."""
+        if e.session is None or not e.session.session_id:
+            raise WorkRefused(StatusCode.INVALID_ARGUMENT, "work entry without a route session")
+        key = (e.session.session_id, e.session.epoch, node_id)
+        issued = self._db.execute("SELECT max_tokens FROM issued WHERE session_id = ? AND epoch = ? AND node_id = ?",
+                                  key).fetchone()
+        if issued is None:
+            raise WorkRefused(StatusCode.PERMISSION_DENIED, f"session {key[0]!r} epoch {key[1]} was not issued to "
+                                                            f"node {node_id!r}")
+        (done,) = self._db.execute("SELECT COALESCE(SUM(prefill_tokens + decode_tokens), 0) FROM work "
+                                   "WHERE session_id = ? AND epoch = ? AND node_id = ?", key).fetchone()
+        tokens = e.prefill_tokens + e.decode_tokens
+        if e.prefill_tokens < 0 or e.decode_tokens < 0 or done + tokens > issued[0]:
+            raise WorkRefused(StatusCode.INVALID_ARGUMENT,
+                              f"{tokens} more tokens for session {key[0]!r} epoch {key[1]} exceed its cap of "
+                              f"{issued[0]} ({done} already counted)")
+        return (node_id, report_id, e.session.session_id, e.session.epoch, e.prefill_tokens, e.decode_tokens, now)
 
     def totals(self) -> list[NodeTotals]:
         with self._lock:

@@ -1,8 +1,10 @@
-"""`bazel run //python:tracker -- --listen HOST:PORT --db PATH --models FILE`: runs the tracker.
+"""`bazel run //python:tracker -- --listen HOST:PORT --db PATH --models FILE --roles-file FILE
+--ticket-key FILE (--tls-cert C --tls-key K | --insecure)`: runs the tracker.
 
-The swarm secret comes from --secret-file or $MESHNET_SWARM_SECRET (never from argv, which
-other users can read). --models is a JSON list of certified models (see README, "Tracker").
-SIGTERM/SIGINT stop it gracefully; logs are JSON lines on stderr.
+--roles-file is a JSON object mapping roles ("node", "client", "gateway", "verifier") to their
+bearer tokens (never from argv, which other users can read). --ticket-key holds the Ed25519
+key that signs route tickets (created 0600 when absent). --models is a JSON list of certified
+models (see README, "Tracker"). SIGTERM/SIGINT stop it gracefully; logs are JSON lines on stderr.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import argparse
 import json
 from pathlib import Path
 
-from meshnet.process import log, read_secret, stop_on_signals, write_port_file
+from meshnet.identity.keys import Identity
+from meshnet.process import log, stop_on_signals, write_port_file
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.tracker.service import serve
+from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
 
 
 def load_models(path: Path) -> list[CertifiedModel]:
@@ -25,30 +28,47 @@ def load_models(path: Path) -> list[CertifiedModel]:
         raise SystemExit(f"tracker: cannot read certified models from {path}: {err}") from err
 
 
+def load_roles(path: Path) -> dict[str, str]:
+    try:
+        roles = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"tracker: cannot read role tokens from {path}: {err}") from err
+    if not isinstance(roles, dict) or not all(isinstance(v, str) for v in roles.values()):
+        raise SystemExit(f"tracker: {path} must map roles {ROLES} to token strings")
+    return roles
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Meshnet tracker")
     parser.add_argument("--listen", default="127.0.0.1:7700", help="host:port (port 0 picks one)")
     parser.add_argument("--db", required=True, type=Path, help="SQLite work ledger (created if missing)")
     parser.add_argument("--models", type=Path, help="JSON list of certified models")
-    parser.add_argument("--secret-file", type=Path, help="file holding the swarm secret")
+    parser.add_argument("--roles-file", required=True, type=Path, help="JSON: role -> bearer token")
+    parser.add_argument("--ticket-key", required=True, type=Path, help="Ed25519 ticket key (created if absent)")
+    parser.add_argument("--ticket-seconds", type=float, default=TICKET_SECONDS, help="route ticket lifetime")
     parser.add_argument("--lease-seconds", type=float, default=10.0)
     parser.add_argument("--ban-seconds", type=float, default=5.0)
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
+    parser.add_argument("--insecure", action="store_true", help="plaintext (loopback development only)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     args = parser.parse_args(argv)
 
-    secret = read_secret(args.secret_file)
-    if not secret:
-        parser.error("a swarm secret is required: --secret-file or $MESHNET_SWARM_SECRET")
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
+    if args.tls_cert is None and not args.insecure:
+        parser.error("TLS is required: --tls-cert and --tls-key (or --insecure for loopback development)")
+    roles = load_roles(args.roles_file)
     tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes()) if args.tls_cert else None
     models = load_models(args.models) if args.models else []
 
     ledger = Ledger(args.db)
     registry = Registry(models, lease_seconds=args.lease_seconds, ban_seconds=args.ban_seconds)
-    server, port = serve(registry, ledger, args.listen, secret, tls=tls)
+    try:
+        server, port = serve(registry, ledger, args.listen, roles, Identity.load_or_create(args.ticket_key), tls=tls,
+                             ticket_seconds=args.ticket_seconds)
+    except ValueError as err:
+        parser.error(str(err))
     log("listening", address=args.listen, port=port, db=str(args.db), models=[m.model for m in models],
         tls=tls is not None)
     write_port_file(args.port_file, port)

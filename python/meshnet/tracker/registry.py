@@ -1,9 +1,12 @@
 """The tracker's state: nodes and leases, admission, coverage, route sessions, epochs, bans.
 
 Called by service.py (gRPC threads) and by tests directly; every public method takes the one
-lock, so the registry is safe to share. Time comes from an injected monotonic clock. Invariants:
-only ROUTABLE nodes with a live lease, not draining and not banned appear in routes; a route
-session's epoch only grows, and every issued route covers [0, n_layer) exactly once.
+lock, so the registry is safe to share. Time comes from an injected monotonic clock. Callers are
+named by their verified Ed25519 public key (`caller`, see meshnet.identity). Invariants: only
+ROUTABLE nodes with a live lease, not draining and not banned appear in routes; a node id is
+registered, renewed, drained and removed only by the key it derives from; a route session is
+reported on and closed only by the principal that opened it; a route session's epoch only
+grows, and every issued route covers [0, n_layer) exactly once.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 import uuid
 from typing import Callable, Optional
 
+from meshnet.identity import keys
 from meshnet.tracker import routing
 from meshnet.types import tracker as tt
 from meshnet.types.ids import NodeId, SessionId
@@ -26,6 +30,7 @@ MAX_SESSIONS = 1 << 16
 MAX_KV_TOKENS = 1 << 40
 MAX_EXPECTED_TOKENS = 1 << 24  # one session: prompt + new tokens
 MAX_ID_CHARS = 128
+MAX_CERTIFICATE_CHARS = 8192
 OK = Status(StatusCode.OK)
 
 
@@ -55,6 +60,7 @@ class _Session:
     hops: tuple[tt.Hop, ...]
     expected_tokens: int
     avoid: frozenset[NodeId]
+    client_key: bytes = b""  # the verified key of the principal that opened the route
 
 
 @dataclasses.dataclass
@@ -86,11 +92,15 @@ class Registry:
 
     # ---- nodes ------------------------------------------------------------------------------
 
-    def register(self, info: Optional[tt.NodeInfo]) -> tt.RegisterReply:
+    def register(self, info: Optional[tt.NodeInfo], caller: bytes) -> tt.RegisterReply:
         problem = _validate_node(info)
         if problem:
             return tt.RegisterReply(_error(StatusCode.INVALID_ARGUMENT, problem), tt.Admission.REFUSED, problem)
         assert info is not None and info.layers is not None
+        if info.public_key != caller or info.node_id != keys.node_id(caller):
+            problem = (f"node {info.node_id!r} is not the id of the key that signed the request "
+                       f"({keys.node_id(caller)}); a node registers only itself")
+            return tt.RegisterReply(_error(StatusCode.PERMISSION_DENIED, problem), tt.Admission.REFUSED, problem)
         admission, reason = self._admit(info)
         if admission == tt.Admission.REFUSED:
             return tt.RegisterReply(_error(StatusCode.FINGERPRINT_MISMATCH, reason), admission, reason)
@@ -115,7 +125,10 @@ class Registry:
             return tt.Admission.REFUSED, f"recipe fingerprint {fp.runtime_recipe} != certified {model.recipe_fingerprint}"
         return tt.Admission.ROUTABLE, ""
 
-    def heartbeat(self, node_id: NodeId, load: Optional[tt.Load]) -> tt.HeartbeatReply:
+    def heartbeat(self, node_id: NodeId, load: Optional[tt.Load], caller: bytes) -> tt.HeartbeatReply:
+        refused = _not_self(node_id, caller)
+        if refused is not None:
+            return tt.HeartbeatReply(refused)
         with self._lock:
             node = self._live_node(node_id)
             if node is None:
@@ -125,7 +138,10 @@ class Registry:
                 node.load = load
         return tt.HeartbeatReply(OK, self.lease_ms)
 
-    def drain(self, node_id: NodeId) -> Status:
+    def drain(self, node_id: NodeId, caller: bytes) -> Status:
+        refused = _not_self(node_id, caller)
+        if refused is not None:
+            return refused
         with self._lock:
             node = self._live_node(node_id)
             if node is None:
@@ -133,7 +149,10 @@ class Registry:
             node.draining = True
         return OK
 
-    def deregister(self, node_id: NodeId) -> Status:
+    def deregister(self, node_id: NodeId, caller: bytes) -> Status:
+        refused = _not_self(node_id, caller)
+        if refused is not None:
+            return refused
         with self._lock:
             if self._nodes.pop(node_id, None) is None:
                 return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
@@ -171,29 +190,37 @@ class Registry:
 
     # ---- route sessions ---------------------------------------------------------------------
 
-    def open_route(self, request: tt.OpenRouteRequest) -> tt.RouteReply:
+    def open_route(self, request: tt.OpenRouteRequest, caller: bytes) -> tt.RouteReply:
         if request.expected_tokens > MAX_EXPECTED_TOKENS:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {request.expected_tokens} is too large"))
         with self._lock:
             model = self._models.get(request.model)
             if model is None:
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown model {request.model!r}"))
-            session = _Session(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids))
+            session = _Session(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids), caller)
             reply = self._route(SessionId(f"rs-{uuid.uuid4().hex}"), session, model)
         return reply
 
-    def report_failure(self, request: tt.ReportFailureRequest) -> tt.RouteReply:
+    def report_failure(self, request: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
         if request.session is None:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "failure report without a session"))
         with self._lock:
             session = self._sessions.get(request.session.session_id)
             if session is None:
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown route session {request.session.session_id!r}"))
+            if session.client_key != caller:
+                return tt.RouteReply(_error(StatusCode.PERMISSION_DENIED,
+                                            "only the client that opened a route may report a failure on it"))
             current = RouteSession(request.session.session_id, session.epoch)
             if request.session.epoch != session.epoch:
                 return tt.RouteReply(_error(StatusCode.STALE_EPOCH, f"epoch {request.session.epoch} is fenced; "
                                                                    f"the session is at epoch {session.epoch}"),
                                      current, session.hops)
+            on_route = {h.node.node_id for h in session.hops}
+            if request.failed_node_id and request.failed_node_id not in on_route:
+                return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT,
+                                            f"node {request.failed_node_id!r} is not a hop of epoch {session.epoch}; "
+                                            "the report is ignored"), current, session.hops)
             if request.failed_node_id:
                 ban = self._bans.get(request.failed_node_id, _Ban(0.0, 0))
                 ban.strikes += 1
@@ -202,19 +229,22 @@ class Registry:
             session.epoch += 1
             return self._route(request.session.session_id, session, self._models[session.model])
 
-    def close_route(self, route: Optional[RouteSession]) -> Status:
+    def close_route(self, route: Optional[RouteSession], caller: bytes) -> Status:
         with self._lock:
             problem = self._check_session(route)
             if problem is not None:
                 return problem
             assert route is not None
+            if self._sessions[route.session_id].client_key != caller:
+                return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
             del self._sessions[route.session_id]
         return OK
 
-    def check_session(self, route: Optional[RouteSession]) -> Optional[Status]:
-        """None if `route` names a live session at its current epoch, else the error."""
+    def expected_tokens(self, route: Optional[RouteSession]) -> int:
+        """The token budget a live route session was opened with (0 if unknown)."""
         with self._lock:
-            return self._check_session(route)
+            session = self._sessions.get(route.session_id) if route else None
+            return session.expected_tokens if session else 0
 
     def _check_session(self, route: Optional[RouteSession]) -> Optional[Status]:
         if route is None:
@@ -280,6 +310,14 @@ def _candidate(node: _Node, sessions: int) -> routing.Candidate:
                              pressure)
 
 
+def _not_self(node_id: NodeId, caller: bytes) -> Optional[Status]:
+    """PERMISSION_DENIED unless `node_id` is the id of the caller's key."""
+    if node_id != keys.node_id(caller):
+        return _error(StatusCode.PERMISSION_DENIED, f"a node acts only for itself; the caller is {keys.node_id(caller)}, "
+                                                    f"not {node_id!r}")
+    return None
+
+
 def _validate_node(info: Optional[tt.NodeInfo]) -> str:
     """'' if `info` is well formed, else what is wrong with it."""
     if info is None:
@@ -302,4 +340,8 @@ def _validate_node(info: Optional[tt.NodeInfo]) -> str:
         return f"capacity {cap} exceeds the tracker's limits ({MAX_SESSIONS} sessions, {MAX_KV_TOKENS} KV tokens)"
     if info.backend not in (tt.BackendKind.REFERENCE, tt.BackendKind.GGUF):
         return f"unknown backend {int(info.backend)}"
+    if len(info.public_key) != keys.PUBLIC_KEY_BYTES:
+        return f"public_key must be a {keys.PUBLIC_KEY_BYTES}-byte Ed25519 key"
+    if len(info.tls_certificate) > MAX_CERTIFICATE_CHARS:
+        return f"tls_certificate exceeds {MAX_CERTIFICATE_CHARS} characters"
     return ""

@@ -1,4 +1,5 @@
-"""Registry: admission, validation, leases, drain, coverage, routes, epochs, bans, capacity."""
+"""Registry: admission, validation, leases, drain, coverage, routes, epochs, bans, capacity,
+and who may do what (a node acts only for itself; a route's client alone reports and closes)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from meshnet.identity.keys import Identity
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.types import tracker as tt
 from meshnet.types.ids import NodeId
@@ -14,6 +16,20 @@ from meshnet.types.status import StatusCode
 
 MODEL = CertifiedModel("smol", "llama", 30, "sha256:art", "sha256:rec")
 GOOD_FP = Fingerprints("sha256:art", "sha256:rec")
+KEYS: dict[str, Identity] = {}  # node name -> its identity (made on first use)
+CLIENT, OTHER_CLIENT = Identity.generate(), Identity.generate()
+
+
+def key(name: str) -> Identity:
+    return KEYS.setdefault(name, Identity.generate())
+
+
+def nid(name: str) -> NodeId:
+    return key(name).node_id
+
+
+def name_of(node_id: str) -> str:
+    return next(n for n, k in KEYS.items() if k.node_id == node_id)
 
 
 class FakeClock:
@@ -27,9 +43,22 @@ class FakeClock:
 
 
 def node(name, start, end, **kw) -> tt.NodeInfo:
-    base = tt.NodeInfo(NodeId(name), f"127.0.0.1:{7000 + start}", tt.BackendKind.GGUF, "smol", "llama", GOOD_FP,
-                       "sha256:range", tt.LayerRange(start, end), tt.Capacity(4, 4096, 1 << 30), 30)
+    base = tt.NodeInfo(nid(name), f"127.0.0.1:{7000 + start}", tt.BackendKind.GGUF, "smol", "llama", GOOD_FP,
+                       "sha256:range", tt.LayerRange(start, end), tt.Capacity(4, 4096, 1 << 30), 30,
+                       key(name).public_key, "")
     return dataclasses.replace(base, **kw)
+
+
+def register(registry, name, start, end, **kw) -> tt.RegisterReply:
+    return registry.register(node(name, start, end, **kw), key(name).public_key)
+
+
+def open_route(registry, request=tt.OpenRouteRequest("smol"), client=CLIENT) -> tt.RouteReply:
+    return registry.open_route(request, client.public_key)
+
+
+def fail(registry, session, failed, client=CLIENT) -> tt.RouteReply:
+    return registry.report_failure(tt.ReportFailureRequest(session, failed), client.public_key)
 
 
 @pytest.fixture
@@ -42,25 +71,44 @@ def registry(clock):
     return Registry([MODEL], lease_seconds=10, ban_seconds=5, clock=clock)
 
 
-def route_ids(reply):
-    return [(h.node.node_id, h.layers.start, h.layers.end) for h in reply.hops]
+def route_names(reply):
+    return [(name_of(h.node.node_id), h.layers.start, h.layers.end) for h in reply.hops]
 
 
 def test_admission(registry):
-    assert registry.register(node("a", 0, 30)).admission == tt.Admission.ROUTABLE
-    dark = registry.register(node("q", 0, 30, architecture="qwen3"))
+    assert register(registry, "a", 0, 30).admission == tt.Admission.ROUTABLE
+    dark = register(registry, "q", 0, 30, architecture="qwen3")
     assert dark.admission == tt.Admission.DARK and dark.status.ok and "no certified adapter" in dark.reason
-    bad_recipe = registry.register(node("r", 0, 30, fingerprints=Fingerprints("sha256:art", "sha256:other")))
+    bad_recipe = register(registry, "r", 0, 30, fingerprints=Fingerprints("sha256:art", "sha256:other"))
     assert bad_recipe.admission == tt.Admission.REFUSED
     assert bad_recipe.status.code == StatusCode.FINGERPRINT_MISMATCH and "recipe fingerprint" in bad_recipe.reason
-    bad_artifact = registry.register(node("s", 0, 30, fingerprints=Fingerprints("sha256:x", "sha256:rec")))
+    bad_artifact = register(registry, "s", 0, 30, fingerprints=Fingerprints("sha256:x", "sha256:rec"))
     assert "artifact fingerprint" in bad_artifact.reason
-    unknown = registry.register(node("u", 0, 30, model="mystery"))
+    unknown = register(registry, "u", 0, 30, model="mystery")
     assert unknown.admission == tt.Admission.REFUSED and "no certified recipe" in unknown.reason
     cover = registry.coverage("smol")
-    assert cover.dark_node_ids == ("q",)
-    assert [n.node_id for n in cover.nodes] == ["a", "q"]
-    assert all(layer.node_ids == ("a",) for layer in cover.layers)
+    assert cover.dark_node_ids == (nid("q"),)
+    assert sorted(name_of(n.node_id) for n in cover.nodes) == ["a", "q"]
+    assert all(layer.node_ids == (nid("a"),) for layer in cover.layers)
+
+
+def test_a_node_registers_renews_drains_and_leaves_only_as_itself(registry):
+    assert register(registry, "victim", 0, 30).status.ok
+    impostor = key("impostor").public_key
+    # Same id, another key (the old "take over an id by registering it again"): refused.
+    taken = registry.register(node("victim", 0, 30, address="10.6.6.6:1", public_key=impostor), impostor)
+    assert taken.status.code == StatusCode.PERMISSION_DENIED and taken.admission == tt.Admission.REFUSED
+    # The victim's own key, but a claim to another id: refused too.
+    forged = registry.register(node("victim", 0, 30), impostor)
+    assert forged.status.code == StatusCode.PERMISSION_DENIED
+    for action in (lambda: registry.heartbeat(nid("victim"), None, impostor).status,
+                   lambda: registry.drain(nid("victim"), impostor),
+                   lambda: registry.deregister(nid("victim"), impostor)):
+        assert action().code == StatusCode.PERMISSION_DENIED
+    # The victim is untouched: still routable at its own address.
+    route = open_route(registry)
+    assert route_names(route) == [("victim", 0, 30)] and route.hops[0].node.address == "127.0.0.1:7000"
+    assert registry.heartbeat(nid("victim"), None, key("victim").public_key).status.ok
 
 
 @pytest.mark.parametrize("changes,needle", [
@@ -73,99 +121,122 @@ def test_admission(registry):
     ({"node_id": NodeId("")}, "node_id"),
     ({"node_id": NodeId("x" * 500)}, "node_id"),
     ({"backend": tt.BackendKind.UNSPECIFIED}, "backend"),
+    ({"public_key": b"short"}, "public_key"),
+    ({"tls_certificate": "x" * 10000}, "tls_certificate"),
 ])
 def test_malformed_registrations_are_invalid_argument(registry, changes, needle):
-    reply = registry.register(node("a", 0, 30, **changes))
+    reply = register(registry, "a", 0, 30, **changes)
     assert reply.status.code == StatusCode.INVALID_ARGUMENT and needle in reply.status.message
-    assert registry.register(None).status.code == StatusCode.INVALID_ARGUMENT
+    assert registry.register(None, key("a").public_key).status.code == StatusCode.INVALID_ARGUMENT
 
 
 def test_dark_nodes_are_never_routed(registry):
-    registry.register(node("q", 0, 30, architecture="qwen3"))
-    reply = registry.open_route(tt.OpenRouteRequest("smol"))
+    register(registry, "q", 0, 30, architecture="qwen3")
+    reply = open_route(registry)
     assert reply.status.code == StatusCode.UNAVAILABLE and reply.uncovered == (tt.LayerRange(0, 30),)
-    registry.register(node("a", 0, 30))
-    assert route_ids(registry.open_route(tt.OpenRouteRequest("smol"))) == [("a", 0, 30)]
+    register(registry, "a", 0, 30)
+    assert route_names(open_route(registry)) == [("a", 0, 30)]
 
 
 def test_lease_expiry_removes_the_node(registry, clock):
-    registry.register(node("a", 0, 15))
-    registry.register(node("b", 15, 30))
-    registry.register(node("b2", 10, 30))
+    register(registry, "a", 0, 15)
+    register(registry, "b", 15, 30)
+    register(registry, "b2", 10, 30)
     clock.now += 6
-    assert registry.heartbeat(NodeId("a"), None).status.ok
-    assert registry.heartbeat(NodeId("b2"), None).status.ok
+    assert registry.heartbeat(nid("a"), None, key("a").public_key).status.ok
+    assert registry.heartbeat(nid("b2"), None, key("b2").public_key).status.ok
     clock.now += 6  # b's lease (10 s) has run out; a and b2 renewed theirs
-    assert registry.heartbeat(NodeId("b"), None).status.code == StatusCode.NOT_FOUND
-    assert route_ids(registry.open_route(tt.OpenRouteRequest("smol"))) == [("a", 0, 15), ("b2", 15, 30)]
-    assert "b" not in [n.node_id for n in registry.coverage("smol").nodes]
+    assert registry.heartbeat(nid("b"), None, key("b").public_key).status.code == StatusCode.NOT_FOUND
+    assert route_names(open_route(registry)) == [("a", 0, 15), ("b2", 15, 30)]
+    assert nid("b") not in [n.node_id for n in registry.coverage("smol").nodes]
 
 
 def test_drain_excludes_from_new_routes(registry):
-    registry.register(node("a", 0, 30))
-    registry.register(node("b", 0, 30, capacity=tt.Capacity(4, 4096, 1)))
-    first = registry.open_route(tt.OpenRouteRequest("smol"))
-    assert registry.drain(first.hops[0].node.node_id).ok
-    second = registry.open_route(tt.OpenRouteRequest("smol"))
-    assert second.hops[0].node.node_id != first.hops[0].node.node_id
-    assert registry.drain(NodeId("nobody")).code == StatusCode.NOT_FOUND
+    register(registry, "a", 0, 30)
+    register(registry, "b", 0, 30, capacity=tt.Capacity(4, 4096, 1))
+    first = open_route(registry)
+    drained = first.hops[0].node.node_id
+    assert registry.drain(drained, key(name_of(drained)).public_key).ok
+    second = open_route(registry)
+    assert second.hops[0].node.node_id != drained
+    assert registry.drain(nid("nobody"), key("nobody").public_key).code == StatusCode.NOT_FOUND
 
 
 def test_failure_fences_the_epoch_and_bans_the_node(registry, clock):
-    registry.register(node("a", 0, 30))
-    registry.register(node("b", 0, 30, capacity=tt.Capacity(4, 4096, 1)))
-    first = registry.open_route(tt.OpenRouteRequest("smol"))
+    register(registry, "a", 0, 30)
+    register(registry, "b", 0, 30, capacity=tt.Capacity(4, 4096, 1))
+    first = open_route(registry)
     failed = first.hops[0].node.node_id
-    again = registry.report_failure(tt.ReportFailureRequest(first.session, failed))
+    again = fail(registry, first.session, failed)
     assert again.status.ok and again.session.epoch == 2 and failed not in [h.node.node_id for h in again.hops]
-    stale = registry.report_failure(tt.ReportFailureRequest(first.session, failed))
+    stale = fail(registry, first.session, failed)
     assert stale.status.code == StatusCode.STALE_EPOCH and stale.session.epoch == 2
-    assert registry.close_route(first.session).code == StatusCode.STALE_EPOCH
+    assert registry.close_route(first.session, CLIENT.public_key).code == StatusCode.STALE_EPOCH
     # The ban keeps the failed node out of other sessions' routes until it runs out.
-    other = registry.open_route(tt.OpenRouteRequest("smol"))
+    other = open_route(registry)
     assert failed not in [h.node.node_id for h in other.hops]
     clock.now += 6
-    registry.heartbeat(NodeId("a"), None)
-    registry.heartbeat(NodeId("b"), None)
-    assert registry.close_route(again.session).ok
-    assert registry.close_route(other.session).ok
+    registry.heartbeat(nid("a"), None, key("a").public_key)
+    registry.heartbeat(nid("b"), None, key("b").public_key)
+    assert registry.close_route(again.session, CLIENT.public_key).ok
+    assert registry.close_route(other.session, CLIENT.public_key).ok
+
+
+def test_only_the_routes_client_reports_on_it_and_only_about_its_hops(registry):
+    register(registry, "a", 0, 30)
+    register(registry, "b", 0, 30)
+    route = open_route(registry)
+    hop = route.hops[0].node.node_id
+    bystander = nid("b") if hop == nid("a") else nid("a")
+    foreign = fail(registry, route.session, hop, client=OTHER_CLIENT)
+    assert foreign.status.code == StatusCode.PERMISSION_DENIED
+    off_route = fail(registry, route.session, bystander)
+    assert off_route.status.code == StatusCode.INVALID_ARGUMENT and "not a hop" in off_route.status.message
+    assert registry.close_route(route.session, OTHER_CLIENT.public_key).code == StatusCode.PERMISSION_DENIED
+    # Neither report banned anyone: each node still serves a new route that avoids the other.
+    for serving, avoided in ((hop, bystander), (bystander, hop)):
+        reply = open_route(registry, tt.OpenRouteRequest("smol", avoid_node_ids=(avoided,)))
+        assert [h.node.node_id for h in reply.hops] == [serving]
+    assert registry.close_route(route.session, CLIENT.public_key).ok
 
 
 def test_failure_with_no_alternative_reports_the_gap(registry):
-    registry.register(node("a", 0, 10))
-    registry.register(node("b", 10, 30))
-    first = registry.open_route(tt.OpenRouteRequest("smol"))
-    reply = registry.report_failure(tt.ReportFailureRequest(first.session, NodeId("b")))
+    register(registry, "a", 0, 10)
+    register(registry, "b", 10, 30)
+    first = open_route(registry)
+    reply = fail(registry, first.session, nid("b"))
     assert reply.status.code == StatusCode.UNAVAILABLE and reply.status.retryable
     assert reply.uncovered == (tt.LayerRange(10, 30),) and reply.session.epoch == 2
 
 
 def test_capacity_limits_routes(registry):
-    registry.register(node("a", 0, 30, capacity=tt.Capacity(2, 1000, 1)))
-    ok = [registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=100)) for _ in range(2)]
+    register(registry, "a", 0, 30, capacity=tt.Capacity(2, 1000, 1))
+    request = tt.OpenRouteRequest("smol", expected_tokens=100)
+    ok = [open_route(registry, request) for _ in range(2)]
     assert all(r.status.ok for r in ok)
-    full = registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=100))
+    full = open_route(registry, request)
     assert full.status.code == StatusCode.RESOURCE_EXHAUSTED and "at capacity" in full.status.message
-    registry.close_route(ok[0].session)
-    assert registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=100)).status.ok
-    too_big = registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=5000))
+    registry.close_route(ok[0].session, CLIENT.public_key)
+    assert open_route(registry, request).status.ok
+    too_big = open_route(registry, tt.OpenRouteRequest("smol", expected_tokens=5000))
     assert too_big.status.code == StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_bad_route_requests(registry):
-    assert registry.open_route(tt.OpenRouteRequest("mystery")).status.code == StatusCode.NOT_FOUND
-    assert registry.open_route(tt.OpenRouteRequest("smol", expected_tokens=1 << 30)).status.code == StatusCode.INVALID_ARGUMENT
+    assert open_route(registry, tt.OpenRouteRequest("mystery")).status.code == StatusCode.NOT_FOUND
+    assert open_route(registry, tt.OpenRouteRequest("smol", expected_tokens=1 << 30)).status.code == \
+        StatusCode.INVALID_ARGUMENT
     assert registry.coverage("mystery").status.code == StatusCode.NOT_FOUND
     unknown = RouteSession("rs-nope", 1)
-    assert registry.report_failure(tt.ReportFailureRequest(unknown, NodeId("a"))).status.code == StatusCode.NOT_FOUND
-    assert registry.close_route(None).code == StatusCode.INVALID_ARGUMENT
+    assert fail(registry, unknown, nid("a")).status.code == StatusCode.NOT_FOUND
+    assert registry.close_route(None, CLIENT.public_key).code == StatusCode.INVALID_ARGUMENT
 
 
 def test_coverage_reports_gaps_and_replicas(registry):
-    registry.register(node("a", 0, 10))
-    registry.register(node("a2", 0, 12))
-    registry.register(node("c", 20, 30))
+    register(registry, "a", 0, 10)
+    register(registry, "a2", 0, 12)
+    register(registry, "c", 20, 30)
     cover = registry.coverage("smol")
     assert cover.n_layer == 30 and cover.gaps == (tt.LayerRange(12, 20),)
-    assert cover.layers[5].node_ids == ("a", "a2") and cover.layers[11].node_ids == ("a2",)
+    assert set(cover.layers[5].node_ids) == {nid("a"), nid("a2")} and cover.layers[11].node_ids == (nid("a2"),)
     assert cover.layers[15].node_ids == ()

@@ -1,136 +1,215 @@
 """The tracker's gRPC service (meshnet.tracker.v1.Tracker) over a Registry and a Ledger.
 
-`serve()` builds the server: a swarm-secret interceptor in front of every call (bearer token
-in the "authorization" metadata, compared in constant time), optional TLS, and the servicer.
-Protobuf stops here: requests are converted to native types, handled by the registry, and
-converted back. Bad input becomes a structured Status in the reply; the server keeps serving.
+`serve()` builds the server (optional TLS) and the servicer. Every call but TrackerKey is
+authenticated before it is handled (ADR 0003): the bearer token must grant a role allowed for
+the method (PERMISSION_DENIED otherwise, UNAUTHENTICATED for no known token), and the request
+must be signed by the caller's Ed25519 key (UNAUTHENTICATED otherwise); the verified key is what
+the registry acts for. Route replies carry a ticket per hop, signed with the tracker's ticket
+key, and every issued (session, epoch, node) triple is recorded in the ledger before the reply
+leaves, so work is accepted only for it. Protobuf stops here; bad input becomes a Status.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
+import secrets
 from concurrent import futures
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import grpc
 
+from meshnet.identity import keys, requests
+from meshnet.identity import tickets as route_tickets
+from meshnet.identity.keys import Identity
 from meshnet.process import log
 from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger import Ledger, WorkRefused
 from meshnet.tracker.registry import Registry
 from meshnet.tracker.v1 import tracker_pb2_grpc
+from meshnet.types import seam as st
 from meshnet.types import tracker as tt
 from meshnet.types.status import Status, StatusCode
 
-AUTH_METADATA = "authorization"
+ROLES = ("node", "client", "gateway", "verifier")
+_NODE, _ROUTES, _ANY = frozenset({"node"}), frozenset({"client", "gateway"}), frozenset(ROLES)
+METHOD_ROLES: Mapping[str, frozenset[str]] = {
+    "Register": _NODE, "Heartbeat": _NODE, "Drain": _NODE, "Deregister": _NODE, "ReportWork": _NODE,
+    "OpenRoute": _ROUTES, "ReportFailure": _ROUTES, "CloseRoute": _ROUTES, "Coverage": _ANY,
+}
+TICKET_SECONDS = 600.0
 
 
-class _SwarmAuth(grpc.ServerInterceptor):
-    def __init__(self, secret: str) -> None:
-        self._expected = f"Bearer {secret}".encode()
-
-        def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong swarm token")
-
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
-    def intercept_service(self, continuation, handler_call_details):
-        token = dict(handler_call_details.invocation_metadata or ()).get(AUTH_METADATA, "")
-        if hmac.compare_digest(token.encode(), self._expected):
-            return continuation(handler_call_details)
-        log("unauthenticated", method=handler_call_details.method)
-        return self._deny
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
 
 
 class TrackerService(tracker_pb2_grpc.TrackerServicer):
     """gRPC threads call in concurrently; the registry and ledger do their own locking."""
 
-    def __init__(self, registry: Registry, ledger: Ledger) -> None:
+    def __init__(self, registry: Registry, ledger: Ledger, role_tokens: Mapping[str, str], ticket_key: Identity,
+                 ticket_seconds: float = TICKET_SECONDS) -> None:
+        tokens = {role: token for role, token in role_tokens.items() if token}
+        if not tokens:
+            raise ValueError("the tracker needs at least one role token")
+        if len(set(tokens.values())) != len(tokens):
+            raise ValueError("role tokens must be distinct")
+        unknown = set(tokens) - set(ROLES)
+        if unknown:
+            raise ValueError(f"unknown roles {sorted(unknown)}; roles are {ROLES}")
         self._registry = registry
         self._ledger = ledger
+        self._tokens = tokens
+        self._ticket_key = ticket_key
+        self._ticket_ms = int(ticket_seconds * 1000)
 
-    def _handle(self, request, reply_cls: type, work: Callable[[Any], Any]):
+    # ---- authentication ---------------------------------------------------------------------
+
+    def _role(self, token: str) -> Optional[str]:
+        found = None
+        for role, expected in self._tokens.items():  # compare every token in constant time
+            if hmac.compare_digest(token.encode(), expected.encode()):
+                found = role
+        return found
+
+    def _authenticate(self, method: str, request, context) -> bytes:
+        metadata = tuple(context.invocation_metadata() or ())
+        role = self._role(requests.bearer_token(metadata))
+        if role is None:
+            raise _Refused(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown role token")
+        if role not in METHOD_ROLES[method]:
+            raise _Refused(grpc.StatusCode.PERMISSION_DENIED, f"role {role!r} may not call {method}")
+        try:
+            return requests.verify_request(metadata, method, request.SerializeToString(deterministic=True))
+        except requests.RequestAuthError as err:
+            raise _Refused(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
+
+    def _handle(self, method: str, request, context, reply_cls: type, work: Callable[[Any, bytes], Any]):
+        try:
+            caller = self._authenticate(method, request, context)
+        except _Refused as refused:
+            log("refused", method=method, code=refused.code.name, reason=refused.message)
+            context.abort(refused.code, refused.message)
         try:
             native = codec.from_proto(request)
-            reply = work(native)
+            reply = work(native, caller)
         except ProtocolError as err:
             reply = reply_cls(err.status)
         except Exception as err:  # a bug must not take the tracker down; report it
-            log("internal_error", method=type(request).__name__, error=repr(err))
+            log("internal_error", method=method, error=repr(err))
             reply = reply_cls(Status(StatusCode.INTERNAL, f"tracker error: {err!r}"))
         return codec.to_proto(reply)
 
+    # ---- nodes ------------------------------------------------------------------------------
+
     def Register(self, request, context):  # noqa: N802
-        def work(req: tt.RegisterRequest) -> tt.RegisterReply:
+        def work(req: tt.RegisterRequest, caller: bytes) -> tt.RegisterReply:
             if req.version is None or req.version.major != 1:
                 got = f"{req.version.major}.{req.version.minor}" if req.version else "none"
                 return tt.RegisterReply(Status(StatusCode.VERSION_MISMATCH, f"protocol {got}; tracker speaks 1.x"))
-            reply = self._registry.register(req.node)
+            reply = self._registry.register(req.node, caller)
             log("register", node=req.node.node_id if req.node else None, admission=reply.admission.name,
                 reason=reply.reason, status=reply.status.code.name)
             return reply
-        return self._handle(request, tt.RegisterReply, work)
+        return self._handle("Register", request, context, tt.RegisterReply, work)
 
     def Heartbeat(self, request, context):  # noqa: N802
-        return self._handle(request, tt.HeartbeatReply, lambda r: self._registry.heartbeat(r.node_id, r.load))
+        return self._handle("Heartbeat", request, context, tt.HeartbeatReply,
+                            lambda r, caller: self._registry.heartbeat(r.node_id, r.load, caller))
 
     def Drain(self, request, context):  # noqa: N802
-        def work(req: tt.DrainRequest) -> tt.DrainReply:
+        def work(req: tt.DrainRequest, caller: bytes) -> tt.DrainReply:
             log("drain", node=req.node_id)
-            return tt.DrainReply(self._registry.drain(req.node_id))
-        return self._handle(request, tt.DrainReply, work)
+            return tt.DrainReply(self._registry.drain(req.node_id, caller))
+        return self._handle("Drain", request, context, tt.DrainReply, work)
 
     def Deregister(self, request, context):  # noqa: N802
-        def work(req: tt.DeregisterRequest) -> tt.DeregisterReply:
+        def work(req: tt.DeregisterRequest, caller: bytes) -> tt.DeregisterReply:
             log("deregister", node=req.node_id)
-            return tt.DeregisterReply(self._registry.deregister(req.node_id))
-        return self._handle(request, tt.DeregisterReply, work)
+            return tt.DeregisterReply(self._registry.deregister(req.node_id, caller))
+        return self._handle("Deregister", request, context, tt.DeregisterReply, work)
+
+    def ReportWork(self, request, context):  # noqa: N802
+        def work(req: tt.WorkReport, caller: bytes) -> tt.WorkReply:
+            if req.node_id != keys.node_id(caller):
+                return tt.WorkReply(Status(StatusCode.PERMISSION_DENIED, "a node reports only its own work"))
+            try:
+                count = self._ledger.record(req.node_id, req.report_id, req.entries)
+            except WorkRefused as err:
+                log("work_refused", node=req.node_id, reason=str(err))
+                return tt.WorkReply(Status(err.code, str(err)))
+            log("work", node=req.node_id, entries=count, report=req.report_id)
+            return tt.WorkReply(Status(StatusCode.OK))
+        return self._handle("ReportWork", request, context, tt.WorkReply, work)
+
+    # ---- routes -----------------------------------------------------------------------------
 
     def Coverage(self, request, context):  # noqa: N802
-        return self._handle(request, tt.CoverageReply, lambda r: self._registry.coverage(r.model))
+        return self._handle("Coverage", request, context, tt.CoverageReply,
+                            lambda r, caller: self._registry.coverage(r.model))
 
     def OpenRoute(self, request, context):  # noqa: N802
-        def work(req: tt.OpenRouteRequest) -> tt.RouteReply:
-            reply = self._registry.open_route(req)
-            log("open_route", model=req.model, client=req.client_id, status=reply.status.code.name,
+        def work(req: tt.OpenRouteRequest, caller: bytes) -> tt.RouteReply:
+            reply = self._ticketed(self._registry.open_route(req, caller), caller, req.expected_tokens)
+            log("open_route", model=req.model, client=keys.principal(caller), status=reply.status.code.name,
                 session=reply.session.session_id if reply.session else None,
                 hops=[(h.node.node_id, h.layers.start, h.layers.end) for h in reply.hops])
             return reply
-        return self._handle(request, tt.RouteReply, work)
+        return self._handle("OpenRoute", request, context, tt.RouteReply, work)
 
     def ReportFailure(self, request, context):  # noqa: N802
-        def work(req: tt.ReportFailureRequest) -> tt.RouteReply:
-            reply = self._registry.report_failure(req)
+        def work(req: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
+            reply = self._registry.report_failure(req, caller)
+            if reply.status.ok:
+                reply = self._ticketed(reply, caller, self._registry.expected_tokens(reply.session))
             log("report_failure", session=req.session, failed=req.failed_node_id, status=reply.status.code.name,
                 epoch=reply.session.epoch if reply.session else None)
             return reply
-        return self._handle(request, tt.RouteReply, work)
-
-    def ReportWork(self, request, context):  # noqa: N802
-        def work(req: tt.WorkReport) -> tt.WorkReply:
-            if not req.node_id:
-                return tt.WorkReply(Status(StatusCode.INVALID_ARGUMENT, "work report without a node id"))
-            try:
-                count = self._ledger.record(req.node_id, req.entries)
-            except ValueError as err:
-                return tt.WorkReply(Status(StatusCode.INVALID_ARGUMENT, str(err)))
-            log("work", node=req.node_id, entries=count)
-            return tt.WorkReply(Status(StatusCode.OK))
-        return self._handle(request, tt.WorkReply, work)
+        return self._handle("ReportFailure", request, context, tt.RouteReply, work)
 
     def CloseRoute(self, request, context):  # noqa: N802
-        return self._handle(request, tt.CloseRouteReply, lambda r: tt.CloseRouteReply(self._registry.close_route(r.session)))
+        return self._handle("CloseRoute", request, context, tt.CloseRouteReply,
+                            lambda r, caller: tt.CloseRouteReply(self._registry.close_route(r.session, caller)))
+
+    def TrackerKey(self, request, context):  # noqa: N802
+        return codec.to_proto(tt.TrackerKeyReply(Status(StatusCode.OK), self._ticket_key.public_key))
+
+    def _ticketed(self, reply: tt.RouteReply, client_key: bytes, expected_tokens: int) -> tt.RouteReply:
+        """The reply with a signed ticket on every hop; its triples are in the ledger first."""
+        if not reply.status.ok or reply.session is None or not reply.hops:
+            return reply
+        session = reply.session
+        self._ledger.issue([(session.session_id, session.epoch, h.node.node_id) for h in reply.hops], expected_tokens)
+        expires = route_tickets.now_ms() + self._ticket_ms
+        hops = []
+        for i, hop in enumerate(reply.hops):
+            nxt = reply.hops[i + 1].node if i + 1 < len(reply.hops) else None
+            body = st.TicketBody(
+                session.session_id, session.epoch, hop.node.node_id,
+                st.ShardRange(hop.node.layers.start, hop.node.layers.end, hop.layers.start),
+                nxt.node_id if nxt else "", nxt.address if nxt else "", nxt.public_key if nxt else b"",
+                nxt.tls_certificate if nxt else "", client_key, keys.principal(client_key), expires)
+            hops.append(dataclasses.replace(hop, ticket=route_tickets.issue(self._ticket_key, body)))
+        return dataclasses.replace(reply, hops=tuple(hops))
 
 
-def serve(registry: Registry, ledger: Ledger, listen: str, secret: str, *,
-          tls: Optional[tuple[bytes, bytes]] = None, max_workers: int = 16) -> tuple[grpc.Server, int]:
-    # tls: (certificate chain PEM, private key PEM), or None for plaintext.
+def new_role_tokens() -> dict[str, str]:
+    """A fresh, distinct token per role (for local swarms and tests)."""
+    return {role: secrets.token_hex(16) for role in ROLES}
+
+
+def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[str, str], ticket_key: Identity, *,
+          tls: Optional[tuple[bytes, bytes]] = None, max_workers: int = 16,
+          ticket_seconds: float = TICKET_SECONDS) -> tuple[grpc.Server, int]:
+    # tls: (certificate chain PEM, private key PEM), or None for plaintext (--insecure).
     """Starts the tracker; returns the server and the bound port (listen may use port 0)."""
-    if not secret:
-        raise ValueError("a swarm secret is required")
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=[_SwarmAuth(secret)])
-    tracker_pb2_grpc.add_TrackerServicer_to_server(TrackerService(registry, ledger), server)
+    service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         maximum_concurrent_rpcs=max_workers * 8)
+    tracker_pb2_grpc.add_TrackerServicer_to_server(service, server)
     if tls is not None:
         port = server.add_secure_port(listen, grpc.ssl_server_credentials([(tls[1], tls[0])]))
     else:
@@ -139,5 +218,3 @@ def serve(registry: Registry, ledger: Ledger, listen: str, secret: str, *,
         raise OSError(f"cannot listen on {listen}")
     server.start()
     return server, port
-
-

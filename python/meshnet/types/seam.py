@@ -146,10 +146,36 @@ class SampledToken:
 
 
 @dataclasses.dataclass(frozen=True)
+class RouteTicket:
+    """The tracker's signed permission for one hop (meshnet.identity.tickets opens it)."""
+
+    body: bytes  # a serialized TicketBody, exactly as signed
+    signature: bytes  # Ed25519 by the tracker over b"meshnet-ticket-v1\0" + body
+
+
+@dataclasses.dataclass(frozen=True)
+class TicketBody:
+    """What a route ticket admits (ADR 0003); signed as serialized bytes, never re-encoded."""
+
+    session_id: SessionId
+    epoch: int
+    node_id: str  # the hop it admits work on
+    range: Optional[ShardRange]  # that hop's registered range and effective start
+    downstream_node_id: str = ""  # "" on the last hop
+    downstream_address: str = ""  # the only address the hop may dial
+    downstream_public_key: bytes = b""  # the downstream's Ed25519 identity key
+    downstream_tls_certificate: str = ""  # the only certificate the hop accepts downstream (PEM)
+    client_public_key: bytes = b""  # the client that opened the route
+    client_principal: str = ""
+    expires_unix_ms: int = 0  # wall clock
+
+
+@dataclasses.dataclass(frozen=True)
 class DownstreamHop:
     node_id: str
     address: str  # host:port of its Shard service
     range: Optional[ShardRange]
+    ticket: Optional[RouteTicket] = None  # that hop's ticket, passed on unopened
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +194,7 @@ class SeamFrame:
     sampling: Optional[SamplingParams] = None
     fragment: Optional[TensorFragment] = None
     downstream: tuple[DownstreamHop, ...] = ()  # hops after the receiver (first frame of an epoch)
+    ticket: Optional[RouteTicket] = None  # the receiver's ticket (first frame of a session on a stream)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +212,8 @@ class SeamReply:
 class ResultsRequest:
     version: Optional[ProtocolVersion]
     session: Optional[RouteSession]
+    ticket: Optional[RouteTicket] = None  # the last hop's ticket
+    client_signature: bytes = b""  # by the ticket's client key over b"meshnet-results-v1\0" + ticket.signature
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,8 @@ class StatusCode(enum.IntEnum):
     CACHE_MISMATCH = 11
     UNAVAILABLE = 12
     INTERNAL = 13
+    UNAUTHENTICATED = 14  # no route ticket, or a signature that does not verify
+    PERMISSION_DENIED = 15  # a valid ticket that does not admit this request
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import enum
 from typing import Optional
 
 from meshnet.types.ids import NodeId
-from meshnet.types.seam import Fingerprints, ProtocolVersion, RouteSession
+from meshnet.types.seam import Fingerprints, ProtocolVersion, RouteSession, RouteTicket
 from meshnet.types.status import Status
 
 
@@ -56,6 +56,8 @@ class NodeInfo:
     layers: Optional[LayerRange]
     capacity: Optional[Capacity]
     n_layer: int
+    public_key: bytes = b""  # Ed25519 identity key; node_id == identity.keys.node_id(public_key)
+    tls_certificate: str = ""  # PEM of the shard service's certificate, pinned by its peers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +144,7 @@ class CoverageReply:
 class Hop:
     node: Optional[NodeInfo]
     layers: Optional[LayerRange]  # what this hop runs: [effective_start, end)
+    ticket: Optional[RouteTicket] = None  # signed by the tracker for this hop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +181,7 @@ class WorkEntry:
 class WorkReport:
     node_id: NodeId
     entries: tuple[WorkEntry, ...] = ()
+    report_id: int = 0  # unique per report from a node; a repeat is not counted again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,3 +197,14 @@ class CloseRouteRequest:
 @dataclasses.dataclass(frozen=True)
 class CloseRouteReply:
     status: Optional[Status]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerKeyRequest:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerKeyReply:
+    status: Optional[Status]
+    ticket_public_key: bytes = b""  # Ed25519 key that verifies route tickets
