@@ -6,8 +6,9 @@
 Lanes: (1) llama_cpp_single_process: upstream llama.cpp, one process (llama-batched-bench);
 (2) llama_cpp_rpc_3: the same tool over K local ggml-rpc-servers; (3) transformers_single_process
 (fp32, the GGUF's weights dequantized); (4) reference_route_3_nodes; (5) gguf_route_1_node;
-(6) gguf_route_3_nodes; and gguf_route_3_nodes_wan: lane 6 with each node in its own network
-namespace behind a shaped veth (root only). A runtime-only comparison runs lanes 1, 3, 5 and 6
+(6) gguf_route_3_nodes; gguf_route_3_nodes_plaintext: lane 6 with TLS off on every link (route
+tickets are still checked), which prices TLS; and gguf_route_3_nodes_wan: lane 6 with each node
+in its own network namespace behind a shaped veth (root only). A runtime-only comparison runs lanes 1, 3, 5 and 6
 again on the same weights dequantized to an F32 GGUF (`llama-quantize --allow-requantize IN OUT
 F32`), so runtime gains are reported apart from quantization gains. Drift: teacher-forced top-1
 agreement and KL against Transformers fp32 over 256 positions, for both GGUFs.
@@ -48,7 +49,7 @@ from meshnet.bench.wan import WanLink
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
-         "gguf_route_3_nodes", "reference_route_3_nodes", "gguf_route_3_nodes_wan")
+         "gguf_route_3_nodes", "gguf_route_3_nodes_plaintext", "reference_route_3_nodes", "gguf_route_3_nodes_wan")
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
     "llama_cpp_rpc_3": "llama.cpp RPC over {k} local rpc-servers",
@@ -56,6 +57,7 @@ LABELS = {
     "reference_route_3_nodes": "Transformers reference route, {k} nodes",
     "gguf_route_1_node": "GGUF route, 1 node",
     "gguf_route_3_nodes": "GGUF route, {k} nodes",
+    "gguf_route_3_nodes_plaintext": "GGUF route, {k} nodes, plaintext links (--insecure; tickets on)",
     "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
 }
 RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
@@ -205,7 +207,7 @@ class Bench:
                 "notes": [f"fp32, torch threads {a.threads}; c streams run as one batch (lockstep)"]}
 
     def route(self, model: Path, backend: str, k: int, prompts: dict, concurrency: list[int], progress: Progress,
-              wan: Optional[WanLink] = None) -> dict:
+              wan: Optional[WanLink] = None, insecure: bool = False) -> dict:
         a = self.args
         facts = self.facts(model)
         lane_cuts = cuts(facts["summary"].n_layer, k)
@@ -213,9 +215,9 @@ class Bench:
         if wan is not None:
             extra = {"host": wan.host, "node_hosts": [wan.node_host(i) for i in range(k)],
                      "node_prefixes": [wan.prefix(i) for i in range(k)]}
-        workdir = self.work / f"{backend}-{k}-{model.stem}{'-wan' if wan else ''}"
+        workdir = self.work / f"{backend}-{k}-{model.stem}{'-wan' if wan else ''}{'-plaintext' if insecure else ''}"
         result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts, concurrency,
-                                      a.tokens, a.threads, self.node_kv_tokens, progress, **extra)
+                                      a.tokens, a.threads, self.node_kv_tokens, progress, insecure=insecure, **extra)
         processes, nodes = [], []
         for node, cut in zip(result["nodes"], lane_cuts):
             processes += node["processes"]
@@ -223,7 +225,9 @@ class Bench:
             kv = node["kv_cells_total"] * facts["kv_bytes_per_token_layer"] * (cut[1] - cut[0])
             nodes.append({"node": node["node"], "layers": list(cut), "peak_rss_bytes": rss,
                           "weight_bytes": facts["weight_bytes"](*cut), "kv_bytes": kv})
-        notes = [f"{backend} backend, {a.threads} compute threads per node, swarm ready in {result['startup_s']} s"]
+        notes = [f"{backend} backend, {a.threads} compute threads per node, swarm ready in {result['startup_s']} s",
+                 "plaintext links (--insecure), route tickets checked" if insecure else
+                 "TLS on every link (pinned certificates), route tickets checked"]
         if backend == "reference":
             notes.append("the reference shard does not report compute time, so seam overhead is n/a")
         return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
@@ -266,6 +270,8 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "llama_cpp_rpc_3": lambda: bench.llama_rpc(model),
         "gguf_route_1_node": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress),
         "gguf_route_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress),
+        "gguf_route_3_nodes_plaintext": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                            insecure=True),
         "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
         "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
     }

@@ -69,8 +69,8 @@ class HealthProbe:
 
 
 def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.Event, times: list[float],
-            out: list[int], errors: list[str]) -> None:
-    session = RouteSession(tracker, "bench-model", client_id="bench")
+            out: list[int], errors: list[str], insecure: bool) -> None:
+    session = RouteSession(tracker, "bench-model", client_id="bench", insecure=insecure)
     go.wait()
     try:
         for token in session.generate(ids, GenerationParams(max_tokens=tokens)):
@@ -80,13 +80,15 @@ def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.E
         errors.append(f"{type(e).__name__}: {e}")
 
 
-def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[int]], tokens: int) -> dict:
+def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[int]], tokens: int,
+             insecure: bool = False) -> dict:
     c = len(prompts)
     times: list[list[float]] = [[] for _ in range(c)]
     outs: list[list[int]] = [[] for _ in range(c)]
     errors: list[str] = []
     go = threading.Event()
-    threads = [threading.Thread(target=_stream, args=(tracker, prompts[i], tokens, go, times[i], outs[i], errors))
+    threads = [threading.Thread(target=_stream, args=(tracker, prompts[i], tokens, go, times[i], outs[i], errors,
+                                                          insecure))
                for i in range(c)]
     for th in threads:
         th.start()
@@ -132,22 +134,23 @@ def node_memory(swarm: LocalSwarm) -> list[dict]:
 def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend: str, worker: Optional[Path],
              prompts: dict[int, list[list[int]]], concurrency: Sequence[int], tokens: int, threads: int,
              max_kv_tokens: int, progress: Progress, *, host: str = "127.0.0.1", node_hosts: Sequence[str] = (),
-             node_prefixes: Sequence[Sequence[str]] = ()) -> dict:
+             node_prefixes: Sequence[Sequence[str]] = (), insecure: bool = False) -> dict:
+    """`insecure`: plaintext links (route tickets are still checked), to measure what TLS costs."""
     started = time.perf_counter()
     with LocalSwarm(workdir, gguf, cuts, model="bench-model", backend=backend, worker_binary=worker,
                     threads=threads, max_sessions=max(max(concurrency), 8), max_kv_tokens=max_kv_tokens, host=host,
-                    node_hosts=node_hosts, node_prefixes=node_prefixes) as swarm:
+                    node_hosts=node_hosts, node_prefixes=node_prefixes, insecure=insecure) as swarm:
         startup_s = time.perf_counter() - started
         with swarm.client() as tracker:
             channels = swarm.shard_channels()
             probe = HealthProbe([channels[node_id] for node_id in swarm.nodes])
             try:
-                run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4)  # warm-up
+                run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4, insecure)  # warm-up
                 cells, tokens_c1 = [], {}
                 for length, streams in prompts.items():
                     for c in concurrency:
                         progress(f"prompt {length}, concurrency {c}")
-                        cell, outs = run_cell(tracker, probe, streams[:c], tokens)
+                        cell, outs = run_cell(tracker, probe, streams[:c], tokens, insecure)
                         cells.append(cell)
                         if c == 1:
                             tokens_c1[length] = outs[0]

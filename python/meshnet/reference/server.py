@@ -1,12 +1,14 @@
-"""The reference shard's gRPC service (meshnet.shard.v1.Shard), as the C++ worker will serve it.
+"""The reference shard's gRPC service (meshnet.shard.v1.Shard), following the C++ worker.
 
 One Seam stream per upstream peer (the client, or the previous hop): a reader thread decodes
-frames, runs steps on the engine, forwards activations to the next hop over one long-lived
-downstream Seam stream per route session, and answers upstream through an outgoing queue. The
-last hop samples and pushes tokens to the session's Results stream, which the client opened.
-Invariants: a frame of an older epoch than the newest seen for its session is refused; a
-repeated step is answered from the record, not recomputed; when a session is released,
-cancelled, or its upstream stream is lost, its KV is freed here and the release travels on.
+frames, admits them (ADR 0003: route ticket, epoch fence, stream binding; see sessions.py), runs
+steps on the engine, forwards activations over one pinned channel per route session to the one
+downstream hop its ticket names, and answers upstream through an outgoing queue. The last hop
+samples and queues tokens for the session's Results stream, which only the route's client may
+read. `serve` / `serve_shard` build the bounded gRPC server around it.
+Invariants: a refused frame creates no state; a repeated step is answered from the record, not
+recomputed; when a session is released, cancelled, fenced, idle or its upstream stream is lost,
+its KV is freed here and the release travels on.
 """
 
 from __future__ import annotations
@@ -15,43 +17,50 @@ import dataclasses
 import queue
 import threading
 import time
+from concurrent import futures
 from typing import Iterator, Optional
 
 import grpc
 import numpy as np
 import torch
 
-from meshnet.protocol import bundle, seam, tensors
-from meshnet.protocol.errors import ProtocolError
+from meshnet.identity import tickets
+from meshnet.identity.tls import MAX_MESSAGE_BYTES, pinned_channel, server_credentials
+from meshnet.protocol import bundle, diag, seam, tensors
+from meshnet.protocol.errors import ProtocolError, exhausted, invalid
 from meshnet.reference.model import ReferenceEngine
 from meshnet.reference.sampling import Sampler
+from meshnet.reference.sessions import Options, Refusal, ResultsTable, Session, SessionTable
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import seam as t
 from meshnet.types.status import Status, StatusCode
 
 CREDITS = 8
 HIDDEN = "hidden_states"
+ZLIB_FEATURE = "compression.zlib"
 _CLOSE = object()
+_GRPC_CODES = {StatusCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+               StatusCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+               StatusCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+               StatusCode.VERSION_MISMATCH: grpc.StatusCode.INVALID_ARGUMENT}
+_REFUSALS = {Refusal.HAS_READER: grpc.StatusCode.ALREADY_EXISTS, Refusal.FULL: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
-@dataclasses.dataclass
-class _Session:
-    key: tuple[str, int]  # (session id, epoch)
-    upstream: "queue.Queue"  # replies to whoever sends this session's frames
-    downstream: Optional["_Downstream"] = None
-    sampler: Optional[Sampler] = None
-    last_step: int = 0
-    last_reply: Optional[t.SeamReply] = None
-    last_active: float = dataclasses.field(default_factory=time.monotonic)
-    reassembler: bundle.Reassembler = dataclasses.field(default_factory=bundle.Reassembler)
+class _Stream:
+    """One upstream Seam stream; sessions are bound to this object. `verified` once any frame
+    on it carried a valid ticket (a stream without one is ended after the auth grace)."""
+
+    def __init__(self) -> None:
+        self.replies: queue.Queue = queue.Queue()
+        self.verified = threading.Event()
 
 
 class _Downstream:
     """One Seam stream to the next hop for one session; errors are reported through `on_error`."""
 
-    def __init__(self, hop: t.DownstreamHop, on_error) -> None:
+    def __init__(self, hop: t.DownstreamHop, certificate: Optional[bytes], on_error) -> None:
         self.hop = hop
-        self._channel = grpc.insecure_channel(hop.address)
+        self._channel = pinned_channel(hop.address, certificate)
         self._frames: queue.Queue = queue.Queue(maxsize=256)
         self._call = shard_pb2_grpc.ShardStub(self._channel).Seam(iter(self._frames.get, _CLOSE))
         self._on_error = on_error
@@ -71,7 +80,8 @@ class _Downstream:
                                       True, self.hop.node_id))
 
     def send(self, frame: t.SeamFrame) -> None:
-        self._frames.put(seam.to_proto(frame), timeout=30)
+        """Sends `frame` with the next hop's own ticket (it admits the session there)."""
+        self._frames.put(seam.to_proto(dataclasses.replace(frame, ticket=self.hop.ticket)), timeout=30)
 
     def close(self) -> None:
         self._closed.set()
@@ -79,48 +89,62 @@ class _Downstream:
         self._channel.close()
 
 
+@dataclasses.dataclass
+class _Live:
+    """A session's transport and sampling state (its stream's reader thread, then _finish)."""
+
+    downstream: Optional[_Downstream] = None
+    sampler: Optional[Sampler] = None
+    reassembler: Optional[bundle.Reassembler] = None
+
+
 class ShardServer(shard_pb2_grpc.ShardServicer):
     def __init__(self, engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints] = None,
-                 idle_seconds: float = 300.0) -> None:
+                 idle_seconds: float = 300.0, *, tracker_key: bytes, layers: Optional[tuple[int, int]] = None,
+                 compression: bool = False, auth_grace_seconds: float = 10.0, insecure: bool = False,
+                 max_fences: int = 4096, results_grace_seconds: float = 10.0) -> None:
         self.engine = engine
         self.node_id = node_id
         self.fingerprints = fingerprints
-        self.idle_seconds = idle_seconds  # a session with no frame for this long is freed
+        self.compression = compression  # zlib bundles are accepted (and advertised) only when True
+        self.auth_grace_seconds = auth_grace_seconds  # a Seam stream without a valid ticket by then ends
+        self.layers = layers if layers is not None else (engine.shard.start, engine.shard.end)
+        self.n_embd = engine.shard.config.hidden_size
+        self.table = SessionTable(Options(tracker_key, node_id, self.layers, engine.max_sessions, idle_seconds,
+                                          max_fences, engine.shard.last, insecure))
+        self.results = ResultsTable(4 * engine.max_sessions, results_grace_seconds)
         self._lock = threading.Lock()
-        self._sessions: dict[tuple[str, int], _Session] = {}
-        self._epochs: dict[str, int] = {}
-        self._results: dict[tuple[str, int], queue.Queue] = {}
-        self._work: dict[tuple[str, int], list[int]] = {}  # (prefill, decode) tokens not yet taken
         self._seam_in = [0, 0]  # SeamFrames received, their serialized bytes (Health)
-        threading.Thread(target=self._reap_idle, daemon=True).start()
+        threading.Thread(target=self._reap, daemon=True).start()
 
-    def _reap_idle(self) -> None:
-        """Frees sessions whose client vanished without release or stream loss (deadline)."""
+    def _reap(self) -> None:
+        """Frees sessions whose client vanished without release or stream loss (deadline), and
+        drops expired fences and unread result queues."""
+        idle_seconds = self.table.options.idle_seconds
         while True:
-            time.sleep(min(1.0, self.idle_seconds / 4))
-            now = time.monotonic()
-            with self._lock:
-                idle = [k for k, s in self._sessions.items() if now - s.last_active > self.idle_seconds]
-            for key in idle:
-                self._end(key, t.FinishReason.ERROR, Status(StatusCode.DEADLINE_EXCEEDED,
-                                                            f"session idle for over {self.idle_seconds:g}s"))
+            time.sleep(min(1.0, idle_seconds / 4))
+            for key in self.table.idle():
+                session = self.table.remove(key)
+                if session is not None:
+                    self._finish(session, t.FinishReason.ERROR,
+                                 Status(StatusCode.DEADLINE_EXCEEDED, f"session idle for over {idle_seconds:g}s"))
+            self.table.prune()
+            self.results.reap()
 
     def session_records(self) -> int:
         """Sessions this server tracks (any thread); each holds a slot until it ends."""
-        with self._lock:
-            return len(self._sessions)
+        return self.table.count()
 
     # ---- unary ------------------------------------------------------------------------------
 
     def Hello(self, request, context):  # noqa: N802
-        return seam.to_proto(seam.negotiate(seam.from_proto(request), self.node_id))
+        features = [f for f in seam.FEATURES if self.compression or f != ZLIB_FEATURE]
+        return seam.to_proto(seam.negotiate(seam.from_proto(request), self.node_id, features))
 
     def TakeWork(self, request, context):  # noqa: N802
         """Returns and resets the tokens processed per session (the node reports them)."""
-        with self._lock:
-            taken, self._work = self._work, {}
         reply = shard_pb2.TakeWorkReply()
-        for (sid, epoch), (prefill, decode) in sorted(taken.items()):
+        for (sid, epoch), (prefill, decode) in sorted(self.table.take_work().items()):
             reply.work.add(session=shard_pb2.RouteSession(session_id=sid, epoch=epoch), prefill_tokens=prefill,
                            decode_tokens=decode)
         return reply
@@ -131,186 +155,247 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
             frames, size = self._seam_in
         return shard_pb2.HealthReply(status=shard_pb2.Status(code=StatusCode.OK), active_sessions=sessions,
                                      kv_cells_used=tokens, kv_cells_total=self.engine.max_kv_tokens,
-                                     seam_frames_in=frames, seam_bytes_in=size)
+                                     seam_frames_in=frames, seam_bytes_in=size,
+                                     fence_entries=self.table.fence_count(), results_readers=self.results.readers())
 
     # ---- results ----------------------------------------------------------------------------
 
-    def _result_queue(self, key: tuple[str, int]) -> queue.Queue:
-        with self._lock:
-            return self._results.setdefault(key, queue.Queue())
-
     def Results(self, request, context):  # noqa: N802
+        """The session's tokens, for the client that opened the route (ADR 0003, rule 6)."""
         req = seam.from_proto(request)
+        try:
+            seam.check_version(req.version)
+            if req.session is None or len(req.session.session_id.encode()) > tickets.MAX_SESSION_ID_BYTES:
+                raise invalid("results request without a valid route session")
+            body = tickets.open_ticket(req.ticket, self.table.options.tracker_key)
+            tickets.admit(body, req.session, self.node_id, self.layers)
+            tickets.check_results_signature(body, req.ticket, req.client_signature)
+        except (ProtocolError, tickets.TicketError) as err:
+            context.abort(_GRPC_CODES.get(err.status.code, grpc.StatusCode.INVALID_ARGUMENT), err.status.message)
         key = (req.session.session_id, req.session.epoch)
-        results = self._result_queue(key)
+        items, refusal = self.results.attach(key)
+        if refusal is not None:
+            context.abort(_REFUSALS[refusal], refusal.value)
         try:
             while context.is_active():
                 try:
-                    item = results.get(timeout=0.5)
+                    item = items.get(timeout=0.5)
                 except queue.Empty:
                     continue
                 if item is _CLOSE:
                     return
                 yield seam.to_proto(item)
         finally:
-            with self._lock:
-                self._results.pop(key, None)
-
-    def _push_result(self, key, frame: t.ResultFrame, close: bool = False) -> None:
-        results = self._result_queue(key)
-        results.put(frame)
-        if close:
-            results.put(_CLOSE)
+            self.results.detach(key, items)
 
     # ---- seam -------------------------------------------------------------------------------
 
     def Seam(self, request_iterator, context):  # noqa: N802
-        replies: queue.Queue = queue.Queue()
-        owned: set[tuple[str, int]] = set()
-        threading.Thread(target=self._read_upstream, args=(request_iterator, replies, owned), daemon=True).start()
+        stream = _Stream()
+        threading.Thread(target=self._read_upstream, args=(request_iterator, stream), daemon=True).start()
+        deadline = time.monotonic() + self.auth_grace_seconds
         while True:
-            item = replies.get()
+            wait = None if stream.verified.is_set() else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                              f"no valid route ticket within {self.auth_grace_seconds:g}s")
+            try:
+                item = stream.replies.get(timeout=wait)
+            except queue.Empty:
+                continue
             if item is _CLOSE:
                 return
             yield seam.to_proto(item)
 
-    def _read_upstream(self, frames: Iterator, replies: queue.Queue, owned: set) -> None:
+    def _read_upstream(self, frames: Iterator, stream: _Stream) -> None:
         try:
             for message in frames:
                 with self._lock:
                     self._seam_in[0] += 1
                     self._seam_in[1] += message.ByteSize()
-                reply = self._handle(message, replies, owned)
+                reply = self._handle(message, stream)
                 if reply is not None:
-                    replies.put(reply)
+                    stream.replies.put(reply)
         except grpc.RpcError:
             pass  # the upstream peer is gone
         finally:
-            for key in list(owned):  # stream loss frees every session that came through it
-                self._end(key, t.FinishReason.ERROR,
-                          Status(StatusCode.UNAVAILABLE, f"upstream of {self.node_id} lost", True))
-            replies.put(_CLOSE)
+            for session in self.table.drop_stream(stream):  # stream loss frees every session bound to it
+                self._finish(session, t.FinishReason.ERROR,
+                             Status(StatusCode.UNAVAILABLE, f"upstream of {self.node_id} lost", True))
+            stream.replies.put(_CLOSE)
 
-    def _handle(self, message, replies: queue.Queue, owned: set) -> Optional[t.SeamReply]:
+    def _handle(self, message, stream: _Stream) -> Optional[t.SeamReply]:
         try:
             frame = seam.from_proto(message)
             seam.check_version(frame.version)
         except ProtocolError as err:
-            return t.SeamReply(seam.PROTOCOL_VERSION, None, 0, 0, None, err.status)
+            return t.SeamReply(seam.PROTOCOL_VERSION, None, 0, 0, None, self._with_hop(err.status))
         if frame.session is None:
             return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT, "frame without a route session"))
-        sid, epoch = frame.session.session_id, frame.session.epoch
-        key = (sid, epoch)
-        with self._lock:
-            newest = self._epochs.get(sid, 0)
-            if epoch < newest:
-                return self._reply(frame, Status(StatusCode.STALE_EPOCH, f"epoch {epoch} is fenced by {newest}"))
-            self._epochs[sid] = epoch
-            older = [k for k in self._sessions if k[0] == sid and k[1] < epoch]
-        for old in older:
-            self._end(old, t.FinishReason.ERROR, Status(StatusCode.STALE_EPOCH, f"fenced by epoch {epoch}"))
+        if len(frame.session.session_id.encode()) > tickets.MAX_SESSION_ID_BYTES:
+            return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT,
+                                             f"session id longer than {tickets.MAX_SESSION_ID_BYTES} bytes"))
+        if frame.phase not in (t.Phase.PREFILL, t.Phase.DECODE, t.Phase.RELEASE, t.Phase.CANCEL):
+            return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT, f"unknown phase {frame.phase}"))
         if frame.fingerprints is not None and self.fingerprints is not None and frame.fingerprints != self.fingerprints:
             return self._reply(frame, Status(StatusCode.FINGERPRINT_MISMATCH, "frame's fingerprints differ from this node's"))
-        if frame.phase in (t.Phase.RELEASE, t.Phase.CANCEL):
-            reason = t.FinishReason.CANCELLED if frame.phase == t.Phase.CANCEL else t.FinishReason.UNSPECIFIED
-            self._end(key, reason, Status(StatusCode.CANCELLED if frame.phase == t.Phase.CANCEL else StatusCode.OK),
-                      forward=frame)
-            owned.discard(key)
+        opens = frame.phase in (t.Phase.PREFILL, t.Phase.DECODE)
+        admission = self.table.admit(frame.session, frame.ticket, stream, opens, frame.downstream, _Live)
+        if admission.verified:
+            stream.verified.set()
+        for old in admission.fenced:
+            self._finish(old, t.FinishReason.ERROR,
+                         Status(StatusCode.STALE_EPOCH, f"fenced by epoch {frame.session.epoch}"))
+        session = admission.session
+        if not admission.status.ok or session is None:
+            return self._reply(frame, admission.status)
+        if not opens:
+            cancel = frame.phase == t.Phase.CANCEL
+            if self.table.remove(session.key, session) is not None:
+                self._finish(session, t.FinishReason.CANCELLED if cancel else t.FinishReason.UNSPECIFIED,
+                             Status(StatusCode.CANCELLED if cancel else StatusCode.OK), forward=frame)
             return self._reply(frame, Status(StatusCode.OK))
-        if frame.phase not in (t.Phase.PREFILL, t.Phase.DECODE):
-            return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT, f"unknown phase {frame.phase}"))
-        session = self._session(key, frame, replies, owned)
-        session.last_active = time.monotonic()
-        if frame.step <= session.last_step:
-            if frame.step == session.last_step and session.last_reply is not None:
-                return dataclasses.replace(session.last_reply, replayed=True)
-            return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT, f"step {frame.step} is older than "
-                                                                          f"{session.last_step}"))
+        replayed, status = self.table.replay(session, frame.step)
+        if replayed is not None or not status.ok:
+            return replayed or self._reply(frame, status)
         try:
             return self._step(session, frame)
         except ProtocolError as err:
-            if session.last_step == 0:  # a session whose first step failed holds nothing: free its slot
-                self._end(key, t.FinishReason.ERROR, err.status, close_results=False)
-                owned.discard(key)
+            if session.last_step == 0 and self.table.remove(session.key, session) is not None:
+                # a session whose first step failed holds nothing: free its slot (Results stay open)
+                self._finish(session, t.FinishReason.ERROR, err.status, close_results=False)
             return self._reply(frame, err.status)
 
-    def _session(self, key, frame: t.SeamFrame, replies: queue.Queue, owned: set) -> _Session:
-        with self._lock:
-            session = self._sessions.get(key)
-            if session is None:
-                session = _Session(key, replies)
-                self._sessions[key] = session
-                owned.add(key)
-            return session
-
-    def _step(self, session: _Session, frame: t.SeamFrame) -> Optional[t.SeamReply]:
+    def _step(self, session: Session, frame: t.SeamFrame) -> Optional[t.SeamReply]:
+        live: _Live = session.state
         if frame.span is None or frame.span.count == 0:
-            raise ProtocolError(StatusCode.INVALID_ARGUMENT, "prefill/decode frame without a token span")
+            raise invalid("prefill/decode frame without a token span")
+        if not self.engine.shard.last and live.downstream is None and not frame.downstream:
+            raise invalid("not the last hop, but no downstream hop given")
         if self.engine.shard.first:
             if len(frame.token_ids) != frame.span.count:
-                raise ProtocolError(StatusCode.INVALID_ARGUMENT,
-                                    f"{len(frame.token_ids)} token ids for a span of {frame.span.count}")
+                raise invalid(f"{len(frame.token_ids)} token ids for a span of {frame.span.count}")
             out, length = self.engine.step(session.key, frame.span.start, token_ids=torch.tensor(frame.token_ids))
         else:
-            if frame.fragment is None:
-                raise ProtocolError(StatusCode.INVALID_ARGUMENT, "hidden states expected")
-            parts = session.reassembler.add(frame.fragment)
-            if parts is None:
+            hidden = self._hidden(live, frame)
+            if hidden is None:
                 return None  # more fragments of this step to come
-            hidden = {p.name: p for p in parts}.get(HIDDEN)
-            if hidden is None or hidden.shape[0] != frame.span.count:
-                raise ProtocolError(StatusCode.INVALID_ARGUMENT, f"bundle lacks {HIDDEN} for {frame.span.count} tokens")
-            out, length = self.engine.step(session.key, frame.span.start, hidden=torch.from_numpy(
-                np.array(tensors.to_numpy(hidden), dtype=np.float32)))
+            out, length = self.engine.step(session.key, frame.span.start, hidden=hidden)
         if frame.sampling is not None:
-            session.sampler = Sampler(frame.sampling)
+            live.sampler = Sampler(frame.sampling)
         if self.engine.shard.last:
             self._emit(session, frame, out, length)
         else:
             self._forward(session, frame, out)
         reply = self._reply(frame, Status(StatusCode.OK), t.CacheState(length))
-        session.last_step, session.last_reply = frame.step, reply
-        with self._lock:
-            counts = self._work.setdefault(session.key, [0, 0])
-            counts[1 if frame.phase == t.Phase.DECODE else 0] += frame.span.count
+        self.table.record_step(session, frame.step, reply, frame.phase, frame.span.count)
         return reply
 
-    def _forward(self, session: _Session, frame: t.SeamFrame, hidden: torch.Tensor) -> None:
-        if session.downstream is None:
-            if not frame.downstream:
-                raise ProtocolError(StatusCode.INVALID_ARGUMENT, "not the last hop, but no downstream hop given")
-            session.downstream = _Downstream(frame.downstream[0], lambda status: session.upstream.put(
+    def _hidden(self, live: _Live, frame: t.SeamFrame) -> Optional[torch.Tensor]:
+        """The step's [count, n_embd] activations once its bundle is complete (None before)."""
+        fragment, count = frame.fragment, frame.span.count
+        if fragment is None:
+            raise invalid("hidden states expected")
+        limit = min(count * self.n_embd * 4, bundle.DEFAULT_LIMITS.max_bundle_bytes)
+        if fragment.header is not None:
+            if fragment.header.compression == t.Compression.ZLIB and not self.compression:
+                raise invalid("zlib bundle, but this shard does not accept compression")
+            if fragment.header.payload_bytes > limit:
+                raise exhausted(f"bundle announces {fragment.header.payload_bytes} bytes; a step of {count} "
+                                f"tokens carries at most {limit}")
+        if live.reassembler is None or not live.reassembler.in_progress:
+            wire_slack = limit // 256 + 64 if self.compression else 0  # zlib may expand random bytes slightly
+            live.reassembler = bundle.Reassembler(bundle.Limits(max_bundle_bytes=limit + wire_slack))
+        parts = live.reassembler.add(fragment)
+        if parts is None:
+            return None
+        hidden = {p.name: p for p in parts}.get(HIDDEN)
+        if hidden is None or tuple(hidden.shape) != (count, self.n_embd):
+            raise invalid(f"bundle lacks {HIDDEN} of shape ({count}, {self.n_embd})")
+        array = np.array(tensors.to_numpy(hidden), dtype=np.float32)
+        if not np.isfinite(array).all():
+            raise invalid("non-finite activations (NaN or Inf)")
+        return torch.from_numpy(array)
+
+    def _forward(self, session: Session, frame: t.SeamFrame, hidden: torch.Tensor) -> None:
+        live: _Live = session.state
+        if live.downstream is None:
+            body = session.ticket
+            certificate = body.downstream_tls_certificate.encode() or None
+            upstream = session.stream.replies
+            live.downstream = _Downstream(frame.downstream[0], certificate, lambda status: upstream.put(
                 t.SeamReply(seam.PROTOCOL_VERSION, frame.session, session.last_step, 0, None, status)))
-        nxt = session.downstream.hop
+        nxt = live.downstream.hop
         fragments = bundle.encode_bundle([tensors.from_torch(HIDDEN, hidden.contiguous())], frame.step)
         for fragment in fragments:
-            session.downstream.send(dataclasses.replace(
+            live.downstream.send(dataclasses.replace(
                 frame, token_ids=(), fragment=fragment, range=nxt.range, downstream=frame.downstream[1:]))
 
-    def _emit(self, session: _Session, frame: t.SeamFrame, logits: torch.Tensor, length: int) -> None:
-        sampler = session.sampler or Sampler(t.SamplingParams())
-        session.sampler = sampler
+    def _emit(self, session: Session, frame: t.SeamFrame, logits: torch.Tensor, length: int) -> None:
+        live: _Live = session.state
+        sampler = live.sampler or Sampler(t.SamplingParams())
+        live.sampler = sampler
         token = sampler.sample(logits, length)
         finish = t.FinishReason.STOP if token.token_id in sampler.params.stop_token_ids else t.FinishReason.UNSPECIFIED
-        self._push_result(session.key, t.ResultFrame(seam.PROTOCOL_VERSION, frame.session, frame.step, (token,), finish,
-                                                     Status(StatusCode.OK)))
+        self.results.push(session.key, (t.ResultFrame(seam.PROTOCOL_VERSION, frame.session, frame.step, (token,),
+                                                      finish, Status(StatusCode.OK)),))
 
-    def _end(self, key, reason: t.FinishReason, status: Status, forward: Optional[t.SeamFrame] = None,
-             close_results: bool = True) -> None:
-        """Frees the session's KV, passes a release/cancel on, and closes its results (unless
-        `close_results` is False: a failed first step leaves the client's Results open for a retry)."""
-        with self._lock:
-            session = self._sessions.pop(key, None)
-        self.engine.release(key)
-        if session is not None and session.downstream is not None:
+    def _finish(self, session: Session, reason: t.FinishReason, status: Status, forward: Optional[t.SeamFrame] = None,
+                close_results: bool = True) -> None:
+        """Frees a session already removed from the table: its KV, its downstream (passing a
+        release/cancel on), and its results (unless `close_results` is False: a failed first step
+        leaves the client's Results open for a retry)."""
+        self.engine.release(session.key)
+        live: Optional[_Live] = session.state
+        if live is not None and live.downstream is not None:
             if forward is not None:
-                session.downstream.send(dataclasses.replace(forward, downstream=forward.downstream[1:]))
-            session.downstream.close()
+                live.downstream.send(dataclasses.replace(forward, downstream=forward.downstream[1:]))
+            live.downstream.close()
         if self.engine.shard.last and close_results:
-            self._push_result(key, t.ResultFrame(seam.PROTOCOL_VERSION, t.RouteSession(key[0], key[1]), 0, (), reason,
-                                                 status), close=True)
+            sid, epoch = session.key
+            end = t.ResultFrame(seam.PROTOCOL_VERSION, t.RouteSession(sid, epoch), 0, (), reason, status)
+            self.results.push(session.key, (end, _CLOSE), close=True)
+
+    def _with_hop(self, status: Status) -> Status:
+        return status if status.ok or status.hop else dataclasses.replace(status, hop=self.node_id)
 
     def _reply(self, frame: t.SeamFrame, status: Status, cache: Optional[t.CacheState] = None) -> t.SeamReply:
-        if not status.ok and not status.hop:
-            status = dataclasses.replace(status, hop=self.node_id)
-        return t.SeamReply(seam.PROTOCOL_VERSION, frame.session, frame.step, CREDITS, cache, status)
+        return t.SeamReply(seam.PROTOCOL_VERSION, frame.session, frame.step, CREDITS, cache, self._with_hop(status))
+
+
+def serve(shard: ShardServer, listen: str, tls: Optional[tuple[bytes, bytes]] = None, *,
+          max_workers: Optional[int] = None, max_concurrent_streams: Optional[int] = None) -> tuple[grpc.Server, int]:
+    """Starts a bounded gRPC server for `shard` (and the diag service) on `listen`.
+
+    `tls` is (certificate PEM, private key PEM); None serves plaintext (--insecure only). RPCs
+    beyond `max_workers` (default 4 x max_sessions + 8) are refused with RESOURCE_EXHAUSTED.
+    Returns the started server and its port."""
+    workers = max_workers or 4 * shard.engine.max_sessions + 8
+    # One connection may hold at most a quarter of the workers (each RPC holds one), so a single
+    # peer that opens streams and sends nothing cannot starve the others.
+    max_concurrent_streams = max_concurrent_streams or max(2, workers // 4)
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_concurrent_streams", max_concurrent_streams)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), maximum_concurrent_rpcs=workers,
+                         options=options)
+    shard_pb2_grpc.add_ShardServicer_to_server(shard, server)
+    diag.add_to_server(server, shard.node_id)
+    if tls is not None:
+        port = server.add_secure_port(listen, server_credentials(*tls))
+    else:
+        port = server.add_insecure_port(listen)
+    if port == 0:
+        raise RuntimeError(f"could not listen on {listen}")
+    server.start()
+    return server, port
+
+
+def serve_shard(engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints], tracker_key: bytes,
+                listen: str, tls: Optional[tuple[bytes, bytes]] = None, *, layers: Optional[tuple[int, int]] = None,
+                compression: bool = False, idle_seconds: float = 300.0, auth_grace_seconds: float = 10.0,
+                max_workers: Optional[int] = None, max_concurrent_streams: Optional[int] = None) -> tuple[grpc.Server, int]:
+    """A ShardServer for `engine` served by `serve`; plaintext downstream links only when `tls` is None."""
+    shard = ShardServer(engine, node_id, fingerprints, idle_seconds, tracker_key=tracker_key, layers=layers,
+                        compression=compression, auth_grace_seconds=auth_grace_seconds, insecure=tls is None)
+    return serve(shard, listen, tls, max_workers=max_workers, max_concurrent_streams=max_concurrent_streams)
