@@ -38,6 +38,7 @@
               protobuf
               gtest
               abseil-cpp
+              openssl
               pkg-config
               git
               gcc

@@ -107,6 +107,9 @@ class Reassembler {
   Status Finish();
   // Drops any bundle in progress.
   void Reset();
+  // Limits for the bundles that start after this call; call between bundles (the worker does
+  // when fragment 0 arrives) to bound each step's bundle by what that step may carry.
+  void set_limits(const Limits& limits) { limits_ = limits; }
 
  private:
   Status AddSlice(uint64_t bundle_id, uint32_t index, uint32_t count,

@@ -130,11 +130,18 @@ void ToProto(const SampledToken& in, pb::SampledToken* out) {
   for (const TokenLogprob& top : in.top) ToProto(top, out->add_top());
 }
 
+void ToProto(const RouteTicket& in, pb::RouteTicket* out) {
+  out->Clear();
+  out->set_body(in.body);
+  out->set_signature(in.signature);
+}
+
 void ToProto(const DownstreamHop& in, pb::DownstreamHop* out) {
   out->Clear();
   out->set_node_id(in.node_id);
   out->set_address(in.address);
   if (in.range) ToProto(*in.range, out->mutable_range());
+  if (in.ticket) ToProto(*in.ticket, out->mutable_ticket());
 }
 
 void ToProto(const SeamFrame& in, pb::SeamFrame* out) {
@@ -153,6 +160,7 @@ void ToProto(const SeamFrame& in, pb::SeamFrame* out) {
   if (in.sampling) ToProto(*in.sampling, out->mutable_sampling());
   if (in.fragment) ToProto(*in.fragment, out->mutable_fragment());
   for (const DownstreamHop& hop : in.downstream) ToProto(hop, out->add_downstream());
+  if (in.ticket) ToProto(*in.ticket, out->mutable_ticket());
 }
 
 void ToProto(const SeamReply& in, pb::SeamReply* out) {
@@ -180,6 +188,8 @@ void ToProto(const ResultsRequest& in, pb::ResultsRequest* out) {
   out->Clear();
   if (in.version) ToProto(*in.version, out->mutable_version());
   if (in.session) ToProto(*in.session, out->mutable_session());
+  if (in.ticket) ToProto(*in.ticket, out->mutable_ticket());
+  out->set_client_signature(in.client_signature);
 }
 
 void ToProto(const HelloRequest& in, pb::HelloRequest* out) {
@@ -243,10 +253,15 @@ void FromProto(const pb::SampledToken& in, SampledToken* out) {
   for (int i = 0; i < in.top_size(); ++i) FromProto(in.top(i), &out->top[i]);
 }
 
+void FromProto(const pb::RouteTicket& in, RouteTicket* out) {
+  *out = RouteTicket{in.body(), in.signature()};
+}
+
 void FromProto(const pb::DownstreamHop& in, DownstreamHop* out) {
   out->node_id = in.node_id();
   out->address = in.address();
   OptionalFromProto(in.has_range(), in.range(), &out->range);
+  OptionalFromProto(in.has_ticket(), in.ticket(), &out->ticket);
 }
 
 void FromProto(const pb::SeamFrame& in, SeamFrame* out) {
@@ -265,6 +280,7 @@ void FromProto(const pb::SeamFrame& in, SeamFrame* out) {
   OptionalFromProto(in.has_fragment(), in.fragment(), &out->fragment);
   out->downstream.resize(in.downstream_size());
   for (int i = 0; i < in.downstream_size(); ++i) FromProto(in.downstream(i), &out->downstream[i]);
+  OptionalFromProto(in.has_ticket(), in.ticket(), &out->ticket);
 }
 
 void FromProto(const pb::SeamReply& in, SeamReply* out) {
@@ -290,6 +306,8 @@ void FromProto(const pb::ResultFrame& in, ResultFrame* out) {
 void FromProto(const pb::ResultsRequest& in, ResultsRequest* out) {
   OptionalFromProto(in.has_version(), in.version(), &out->version);
   OptionalFromProto(in.has_session(), in.session(), &out->session);
+  OptionalFromProto(in.has_ticket(), in.ticket(), &out->ticket);
+  out->client_signature = in.client_signature();
 }
 
 void FromProto(const pb::HelloRequest& in, HelloRequest* out) {

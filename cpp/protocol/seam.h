@@ -28,6 +28,7 @@ class ProtocolVersion;
 class ResultFrame;
 class ResultsRequest;
 class RouteSession;
+class RouteTicket;
 class SampledToken;
 class SamplingParams;
 class SeamFrame;
@@ -100,10 +101,18 @@ struct SampledToken {
   std::vector<TokenLogprob> top;
 };
 
+// A tracker-signed TicketBody (docs/adr/0003-identities-and-route-tickets.md); opened and
+// checked by cpp/protocol/ticket.h, passed on unopened by every other hop.
+struct RouteTicket {
+  std::string body;       // serialized meshnet.shard.v1.TicketBody, verified as received
+  std::string signature;  // Ed25519 over "meshnet-ticket-v1\0" || body
+};
+
 struct DownstreamHop {  // a hop after the receiver: where to forward, the layers it runs
   std::string node_id;
   std::string address;  // host:port of its Shard service
   std::optional<ShardRange> range;
+  std::optional<RouteTicket> ticket;  // that hop's ticket
 };
 
 struct SeamFrame {
@@ -121,6 +130,7 @@ struct SeamFrame {
   std::optional<SamplingParams> sampling;
   std::optional<TensorFragment> fragment;
   std::vector<DownstreamHop> downstream;  // in order; empty at the last hop
+  std::optional<RouteTicket> ticket;      // the receiver's; required until the session is bound
 };
 
 struct SeamReply {
@@ -145,6 +155,8 @@ struct ResultFrame {
 struct ResultsRequest {  // the client opens Results on the last hop with this
   std::optional<ProtocolVersion> version;
   std::optional<RouteSession> session;
+  std::optional<RouteTicket> ticket;  // the last hop's ticket for the session
+  std::string client_signature;       // Ed25519 by the ticket's client key (ADR 0003)
 };
 
 struct HelloRequest {
@@ -170,6 +182,7 @@ void ToProto(const CacheState& in, meshnet::shard::v1::CacheState* out);
 void ToProto(const SamplingParams& in, meshnet::shard::v1::SamplingParams* out);
 void ToProto(const TokenLogprob& in, meshnet::shard::v1::TokenLogprob* out);
 void ToProto(const SampledToken& in, meshnet::shard::v1::SampledToken* out);
+void ToProto(const RouteTicket& in, meshnet::shard::v1::RouteTicket* out);
 void ToProto(const DownstreamHop& in, meshnet::shard::v1::DownstreamHop* out);
 void ToProto(const SeamFrame& in, meshnet::shard::v1::SeamFrame* out);
 void ToProto(const SeamReply& in, meshnet::shard::v1::SeamReply* out);
@@ -186,6 +199,7 @@ void FromProto(const meshnet::shard::v1::CacheState& in, CacheState* out);
 void FromProto(const meshnet::shard::v1::SamplingParams& in, SamplingParams* out);
 void FromProto(const meshnet::shard::v1::TokenLogprob& in, TokenLogprob* out);
 void FromProto(const meshnet::shard::v1::SampledToken& in, SampledToken* out);
+void FromProto(const meshnet::shard::v1::RouteTicket& in, RouteTicket* out);
 void FromProto(const meshnet::shard::v1::DownstreamHop& in, DownstreamHop* out);
 void FromProto(const meshnet::shard::v1::SeamFrame& in, SeamFrame* out);
 void FromProto(const meshnet::shard::v1::SeamReply& in, SeamReply* out);

@@ -22,6 +22,8 @@ std::string CodeName(Code code) {
     case Code::kCacheMismatch: return "CACHE_MISMATCH";
     case Code::kUnavailable: return "UNAVAILABLE";
     case Code::kInternal: return "INTERNAL";
+    case Code::kUnauthenticated: return "UNAUTHENTICATED";
+    case Code::kPermissionDenied: return "PERMISSION_DENIED";
   }
   return "CODE_" + std::to_string(static_cast<int32_t>(code));
 }

@@ -32,6 +32,8 @@ enum class Code : int32_t {
   kCacheMismatch = 11,
   kUnavailable = 12,
   kInternal = 13,
+  kUnauthenticated = 14,   // no route ticket, or a signature that does not verify
+  kPermissionDenied = 15,  // a valid ticket that does not admit this request
 };
 
 // "INVALID_ARGUMENT" etc.; "CODE_<n>" for a number this build does not know.

@@ -1,12 +1,20 @@
 // Bad input to the worker gets a structured SeamReply error (exact StatusCode, a message, and
 // hop = the answering node's id) while a well-behaved session on the same services, interleaved
 // with the bad frames, still produces exactly its solo tokens. A 2-hop chain on the tiny F32
-// fixture over loopback gRPC: token-level cases go to hop 1, hidden-state cases to hop 2.
+// fixture over loopback gRPC: token-level cases go to hop 1, hidden-state cases to hop 2. Every
+// frame carries a valid route ticket unless its case is about tickets (ADR 0003): missing,
+// forged, for another session / node / epoch / range, expired, a fence attack with epoch
+// 2^64-1, foreign-stream RELEASE and CANCEL of the good session, a downstream the ticket does
+// not name, NaN activations, a 256 MiB bundle announced for one row, zlib when compression is
+// off; Results readers without a ticket, without or with a wrong client signature, and a
+// second reader for the good session are refused with the exact gRPC code.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <future>
@@ -18,6 +26,7 @@
 #include "cpp/engine/tiny_llama.h"
 #include "cpp/protocol/bundle.h"
 #include "cpp/protocol/tensor.h"
+#include "cpp/protocol/ticket_signer_for_tests.h"
 #include "cpp/worker/service.h"
 #include "cpp/worker/test_hop.h"
 
@@ -85,7 +94,9 @@ protocol::SeamFrame TokenFrame(const std::string& id, Phase phase, uint64_t step
 // `mutate` may corrupt the encoded fragment's header.
 protocol::SeamFrame HiddenFrame(const std::string& id, uint64_t epoch, uint64_t step,
                                 uint64_t start, uint32_t count, std::vector<uint64_t> shape,
-                                std::function<void(protocol::TensorFragment*)> mutate = nullptr) {
+                                std::function<void(protocol::TensorFragment*)> mutate = nullptr,
+                                protocol::Compression compression = protocol::Compression::kNone,
+                                float poison = 0) {
   protocol::SeamFrame frame = Frame(id, epoch, start == 0 ? Phase::kPrefill : Phase::kDecode, step);
   frame.span = protocol::TokenSpan{start, count};
   frame.range = protocol::ShardRange{2, 4, 2};
@@ -93,11 +104,12 @@ protocol::SeamFrame HiddenFrame(const std::string& id, uint64_t epoch, uint64_t 
   for (uint64_t d : shape) n *= d;
   std::vector<float> values(n);
   for (uint64_t i = 0; i < n; ++i) values[i] = 0.01f * static_cast<float>(i % 97) - 0.3f;
+  if (poison != 0) values[n / 2] = poison;
   std::vector<protocol::Tensor> tensors = {
       protocol::TensorFromFloats("hidden_states", protocol::DType::kF32, shape, values.data())};
   protocol::Limits limits;
   std::vector<protocol::TensorFragment> fragments;
-  protocol::Status encoded = protocol::EncodeBundle(tensors, step, protocol::Compression::kNone,
+  protocol::Status encoded = protocol::EncodeBundle(tensors, step, compression,
                                                     limits.max_fragment_bytes, limits, &fragments);
   EXPECT_TRUE(encoded.ok()) << encoded.ToString();
   EXPECT_EQ(fragments.size(), 1u);
@@ -112,11 +124,48 @@ struct BadCase {
   std::vector<protocol::SeamFrame> setup;   // sent first, each must be answered OK
   protocol::SeamFrame frame;                // the bad one
   Code code;
+  bool sign = true;  // give frames without a ticket a valid one (and hop 1 its downstream)
 };
+
+// Results on hop 2 with `request`; the gRPC status it ends with (after no frame).
+grpc::StatusCode ResultsRefusal(pb::Shard::Stub& stub, const pb::ResultsRequest& request) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto reader = stub.Results(&context, request);
+  pb::ResultFrame frame;
+  EXPECT_FALSE(reader->Read(&frame));
+  return reader->Finish().error_code();
+}
 
 TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
   std::string path = test_support::WriteFixture("bad_input_test_tiny.gguf");
   const std::vector<int32_t> prompt = {1, 7, 9, 12, 20, 3, 5, 30};
+  test_support::FakeTracker tracker;
+  protocol::FakeSigner forger;
+  ServiceOptions service_options;
+  service_options.tracker_key = tracker.key.public_key();
+  service_options.fingerprints = NodeFingerprints();
+  // Room for the good session and the two bad ones that legitimately hold KV on hop 2; a bad
+  // first frame must not keep a sequence id, or hop 1 would run out of them.
+  service_options.sessions.max_sessions = 3;
+  test_support::TestHop hop1(path, 0, 2, "hop-1", 3, service_options),
+      hop2(path, 2, -1, "hop-2", 3, service_options);
+  ASSERT_TRUE(hop1.server && hop2.server);
+  const std::vector<const test_support::TestHop*> route = {&hop1, &hop2};
+  auto stub1 = hop1.NewStub();
+  auto stub2 = hop2.NewStub();
+  const protocol::RouteSession good_session{"good", 1};
+  // A frame with hop `hop`'s ticket for its session, the body changed by `mutate`.
+  auto ticketed = [&](protocol::SeamFrame frame, int hop,
+                      std::function<void(protocol::Ticket&)> mutate,
+                      const protocol::FakeSigner* signer = nullptr) {
+    protocol::Ticket body = tracker.Body(route, hop - 1, *frame.session);
+    if (mutate) mutate(body);
+    frame.ticket = (signer ? *signer : tracker.key).SignTicket(body);
+    return frame;
+  };
+  auto hidden = [](const std::string& id) { return HiddenFrame(id, 1, 1, 0, 1, {1, kEmbd}); };
+
   std::vector<BadCase> cases;
   {
     cases.push_back({"token id outside the vocabulary", 1, {},
@@ -155,7 +204,7 @@ TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
     cases.push_back({"hidden rows != span.count", 2, {},
                      HiddenFrame("bad-rows", 1, 1, 0, 2, {1, kEmbd}), Code::kInvalidArgument});
     cases.push_back({"hidden width != n_embd", 2, {},
-                     HiddenFrame("bad-width", 1, 1, 0, 1, {1, kEmbd + 1}),
+                     HiddenFrame("bad-width", 1, 1, 0, 1, {1, kEmbd - 1}),
                      Code::kInvalidArgument});
     cases.push_back({"hidden rank 1", 2, {}, HiddenFrame("bad-rank", 1, 1, 0, 1, {kEmbd}),
                      Code::kInvalidArgument});
@@ -182,40 +231,151 @@ TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
                      HiddenFrame("bad-order2", 1, 2, 3, 1, {1, kEmbd}), Code::kCacheMismatch});
     cases.push_back({"stale epoch", 2, {HiddenFrame("bad-epoch", 2, 1, 0, 1, {1, kEmbd})},
                      HiddenFrame("bad-epoch", 1, 2, 1, 1, {1, kEmbd}), Code::kStaleEpoch});
+    // ---- ADR 0003 -----------------------------------------------------------------------
+    cases.push_back({"no ticket", 2, {}, hidden("t-none"), Code::kUnauthenticated, false});
+    cases.push_back({"no ticket (first hop)", 1, {},
+                     TokenFrame("t-none1", Phase::kPrefill, 1, 0, {1, 2}),
+                     Code::kUnauthenticated, false});
+    cases.push_back({"forged ticket signature", 2, {},
+                     ticketed(hidden("t-forged"), 2, nullptr, &forger), Code::kUnauthenticated});
+    cases.push_back({"ticket body tampered after signing", 2, {}, [&] {
+                       auto f = ticketed(hidden("t-tampered"), 2, nullptr);
+                       f.ticket->body.back() ^= 1;
+                       return f;
+                     }(),
+                     Code::kUnauthenticated});
+    cases.push_back({"ticket for another session", 2, {},
+                     ticketed(hidden("t-session"), 2,
+                              [](protocol::Ticket& t) { t.session_id = "someone-else"; }),
+                     Code::kPermissionDenied});
+    cases.push_back({"ticket for another node", 2, {},
+                     ticketed(hidden("t-node"), 2, [](protocol::Ticket& t) { t.node_id = "hop-1"; }),
+                     Code::kPermissionDenied});
+    cases.push_back({"ticket for another epoch", 2, {},
+                     ticketed(hidden("t-epoch"), 2, [](protocol::Ticket& t) { t.epoch = 2; }),
+                     Code::kPermissionDenied});
+    cases.push_back({"ticket for another range", 2, {},
+                     ticketed(hidden("t-range"), 2,
+                              [](protocol::Ticket& t) { t.range.layer_start = 1; }),
+                     Code::kPermissionDenied});
+    cases.push_back({"expired ticket", 2, {},
+                     ticketed(hidden("t-expired"), 2,
+                              [](protocol::Ticket& t) {
+                                t.expires_unix_ms = test_support::NowUnixMs() - 1;
+                              }),
+                     Code::kPermissionDenied});
+    cases.push_back({"session id over 64 bytes", 2, {}, hidden(std::string(65, 'x')),
+                     Code::kInvalidArgument});
+    cases.push_back({"foreign-stream RELEASE of the good session", 1, {},
+                     Frame("good", 1, Phase::kRelease, 50), Code::kPermissionDenied});
+    cases.push_back({"foreign-stream CANCEL of the good session (hop 2)", 2, {},
+                     Frame("good", 1, Phase::kCancel, 50), Code::kPermissionDenied});
+    cases.push_back({"foreign-stream decode for the good session", 2, {},
+                     HiddenFrame("good", 1, 99, 0, 1, {1, kEmbd}), Code::kPermissionDenied});
+    cases.push_back({"epoch 2^64-1 without a ticket (fence attack)", 1, {},
+                     Frame("good", UINT64_MAX, Phase::kRelease, 1), Code::kUnauthenticated,
+                     false});
+    cases.push_back({"epoch 2^64-1 with a forged ticket (fence attack)", 2, {},
+                     ticketed(HiddenFrame("good", UINT64_MAX, 1, 0, 1, {1, kEmbd}), 2, nullptr,
+                              &forger),
+                     Code::kUnauthenticated});
+    cases.push_back({"downstream address not in the ticket", 1, {}, [&] {
+                       auto f = TokenFrame("t-downstream", Phase::kPrefill, 1, 0, {1, 2});
+                       f.downstream = tracker.Downstream(route, *f.session);
+                       f.downstream[0].address = "127.0.0.1:1";
+                       return f;
+                     }(),
+                     Code::kPermissionDenied});
+    cases.push_back({"downstream node not in the ticket", 1, {}, [&] {
+                       auto f = TokenFrame("t-downstream2", Phase::kPrefill, 1, 0, {1, 2});
+                       f.downstream = tracker.Downstream(route, *f.session);
+                       f.downstream[0].node_id = "hop-evil";
+                       return f;
+                     }(),
+                     Code::kPermissionDenied});
+    cases.push_back({"last-hop ticket on a hop that forwards", 1, {},
+                     ticketed(TokenFrame("t-nodown", Phase::kPrefill, 1, 0, {1, 2}), 1,
+                              [](protocol::Ticket& t) {
+                                t.downstream_node_id.clear();
+                                t.downstream_address.clear();
+                              }),
+                     Code::kPermissionDenied});
+    cases.push_back({"NaN activations", 2, {},
+                     HiddenFrame("t-nan", 1, 1, 0, 1, {1, kEmbd}, nullptr,
+                                 protocol::Compression::kNone, std::nanf("")),
+                     Code::kInvalidArgument});
+    cases.push_back({"infinite activations", 2, {},
+                     HiddenFrame("t-inf", 1, 1, 0, 1, {1, kEmbd}, nullptr,
+                                 protocol::Compression::kNone, INFINITY),
+                     Code::kInvalidArgument});
+    cases.push_back({"fragment 0 announces 256 MiB for span.count 1", 2, {},
+                     HiddenFrame("t-huge", 1, 1, 0, 1, {1, kEmbd},
+                                 [](protocol::TensorFragment* f) {
+                                   const uint64_t huge = 256ull << 20;
+                                   f->header->tensors[0].shape = {huge / 4 / kEmbd, kEmbd};
+                                   f->header->tensors[0].length = huge;
+                                   f->header->payload_bytes = huge;
+                                   f->header->wire_bytes = huge;
+                                 }),
+                     Code::kResourceExhausted});
+    cases.push_back({"zlib bundle while compression is off", 2, {},
+                     HiddenFrame("t-zlib", 1, 1, 0, 1, {1, kEmbd}, nullptr,
+                                 protocol::Compression::kZlib),
+                     Code::kInvalidArgument});
+  }
+  // Cases whose setup leaves a session holding KV on hop 2 go last: hop 2 has room for the
+  // good session and those two only, and every other case needs a sequence id to be judged.
+  std::stable_partition(cases.begin(), cases.end(),
+                        [](const BadCase& bad) { return bad.setup.empty(); });
+  for (BadCase& bad : cases) {  // valid tickets (and hop 1's downstream) where not the point
+    if (!bad.sign) continue;
+    auto complete = [&](protocol::SeamFrame& f) {
+      if (!f.ticket.has_value()) f.ticket = tracker.TicketFor(route, bad.hop - 1, *f.session);
+      if (bad.hop == 1 && f.downstream.empty() &&
+          (f.phase == Phase::kPrefill || f.phase == Phase::kDecode)) {
+        f.downstream = tracker.Downstream(route, *f.session);
+      }
+    };
+    for (protocol::SeamFrame& f : bad.setup) complete(f);
+    complete(bad.frame);
   }
   const int n = static_cast<int>(cases.size());
   std::vector<uint32_t> expected = test_support::WholeModelGreedy(path, prompt, n + 1);
 
-  ServiceOptions service_options;
-  service_options.fingerprints = NodeFingerprints();
-  // Room for the good session and the two bad ones that legitimately hold KV on hop 2; a bad
-  // first frame must not keep a sequence id, or hop 1 would run out of them.
-  service_options.sessions.max_sessions = 3;
-  test_support::TestHop hop1(path, 0, 2, "hop-1", 3, service_options),
-      hop2(path, 2, -1, "hop-2", 3, service_options);
-  ASSERT_TRUE(hop1.server && hop2.server);
-  auto stub1 = pb::Shard::NewStub(
-      grpc::CreateChannel(hop1.address(), grpc::InsecureChannelCredentials()));
-  auto stub2 = pb::Shard::NewStub(
-      grpc::CreateChannel(hop2.address(), grpc::InsecureChannelCredentials()));
-
   grpc::ClientContext results_context;
-  pb::ResultsRequest request;
-  protocol::ToProto(protocol::ResultsRequest{protocol::CurrentVersion(),
-                                             protocol::RouteSession{"good", 1}},
-                    &request);
-  auto results = stub2->Results(&results_context, request);
+  auto results = stub2->Results(&results_context, tracker.Results(route, good_session));
+  for (int i = 0; i < 500 && test_support::Health(*stub2).results_readers() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  {  // Results readers that must be refused, before the good session starts.
+    pb::ResultsRequest second = tracker.Results(route, good_session);
+    EXPECT_EQ(ResultsRefusal(*stub2, second), grpc::StatusCode::ALREADY_EXISTS);
+    pb::ResultsRequest unsigned_request = second;
+    unsigned_request.clear_client_signature();
+    EXPECT_EQ(ResultsRefusal(*stub2, unsigned_request), grpc::StatusCode::PERMISSION_DENIED);
+    pb::ResultsRequest stranger = second;
+    stranger.set_client_signature(forger.Sign(protocol::kResultsContext,
+                                              stranger.ticket().signature()));
+    EXPECT_EQ(ResultsRefusal(*stub2, stranger), grpc::StatusCode::PERMISSION_DENIED);
+    pb::ResultsRequest no_ticket = second;
+    no_ticket.clear_ticket();
+    EXPECT_EQ(ResultsRefusal(*stub2, no_ticket), grpc::StatusCode::UNAUTHENTICATED);
+    pb::ResultsRequest hop1_ticket = second;  // hop 1's ticket, signed by the client
+    protocol::RouteTicket wrong = tracker.TicketFor(route, 0, good_session);
+    hop1_ticket.mutable_ticket()->set_body(wrong.body);
+    hop1_ticket.mutable_ticket()->set_signature(wrong.signature);
+    hop1_ticket.set_client_signature(tracker.client.SignResults(wrong));
+    EXPECT_EQ(ResultsRefusal(*stub2, hop1_ticket), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(test_support::Health(*stub2).results_readers(), 1u);
+  }
   auto good = std::make_unique<SeamClient>(*stub1);
   SeamClient bad1(*stub1), bad2(*stub2);
 
-  protocol::DownstreamHop next;
-  next.node_id = "hop-2";
-  next.address = hop2.address();
-  next.range = protocol::ShardRange{2, 4, 2};
   protocol::SeamFrame prefill = TokenFrame("good", Phase::kPrefill, 1, 0,
                                            std::vector<uint32_t>(prompt.begin(), prompt.end()));
   prefill.sampling = protocol::SamplingParams();
-  prefill.downstream = {next};
+  prefill.ticket = tracker.TicketFor(route, 0, good_session);
+  prefill.downstream = tracker.Downstream(route, good_session);
 
   std::vector<uint32_t> tokens;
   uint64_t position = 0;

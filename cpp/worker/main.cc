@@ -1,22 +1,31 @@
 // The native shard worker: serves layers [layer_start, layer_end) of a dense llama GGUF over the
 // seam protocol (meshnet.shard.v1.Shard). Started and supervised by the node.
 //
-// Usage: worker --model=PATH [--layers=A:B] [--listen=127.0.0.1:0] [--threads=N]
-//   [--max_sessions=N] [--n_ctx=N] [--max_batch_tokens=N] [--max_prefill_chunk=N]
-//   [--queue=N] [--idle_seconds=S] [--node_id=ID] [--unified_kv=0|1]
-// Prints {"event":"listening","port":N} on stdout once serving; SIGTERM or SIGINT drains
-// (in-flight RPCs get up to 5 s) and exits 0.
+// Usage: worker --model=PATH --node_id=ID --tracker_key=<64 hex>
+//   (--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] [--listen=127.0.0.1:0]
+//   [--threads=N] [--max_sessions=N] [--n_ctx=N] [--max_batch_tokens=N]
+//   [--max_prefill_chunk=N] [--queue=N] [--idle_seconds=S] [--unified_kv=0|1]
+//   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
+//   [--ticket_deadline_ms=MS]
+// Route tickets are verified with the tracker's key (docs/adr/0003-identities-and-route-
+// tickets.md); the shard service is served over TLS with the given certificate, or plaintext
+// only with --insecure=1 (which also dials downstream hops in plaintext). Exits 2 on a missing
+// or malformed flag. Prints {"event":"listening","port":N} on stdout once serving; SIGTERM or
+// SIGINT drains (in-flight RPCs get up to 5 s) and exits 0.
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 
+#include "cpp/protocol/ticket.h"
 #include "cpp/worker/scheduler.h"
 #include "cpp/worker/service.h"
 
@@ -40,6 +49,18 @@ int Int(const std::map<std::string, std::string>& flags, const std::string& name
   return it == flags.end() ? fallback : std::atoi(it->second.c_str());
 }
 
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream text;
+  text << in.rdbuf();
+  *out = text.str();
+  return !out->empty();
+}
+
+// The largest legal frame: one 1 MiB fragment plus 64 KiB of headers and tickets (ADR 0003).
+constexpr int kMaxFrameBytes = (1 << 20) + (64 << 10);
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,7 +70,26 @@ int main(int argc, char** argv) {
   mallopt(M_ARENA_MAX, 2);
   std::map<std::string, std::string> flags;
   if (!ParseFlags(argc, argv, &flags) || !flags.count("model")) {
-    std::cerr << "usage: worker --model=PATH [--layers=A:B] [--listen=HOST:PORT] ...\n";
+    std::cerr << "usage: worker --model=PATH --node_id=ID --tracker_key=HEX "
+                 "(--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] ...\n";
+    return 2;
+  }
+  meshnet::protocol::PublicKey tracker_key{};
+  if (!meshnet::protocol::ParsePublicKeyHex(flags["tracker_key"], &tracker_key)) {
+    std::cerr << "worker: --tracker_key must be the tracker's Ed25519 public key as 64 hex "
+                 "digits\n";
+    return 2;
+  }
+  if (flags["node_id"].empty()) {
+    std::cerr << "worker: --node_id is required (the id the tracker registered)\n";
+    return 2;
+  }
+  const bool insecure = Int(flags, "insecure", 0) != 0;
+  std::string tls_cert, tls_key;
+  if (!insecure && (!ReadFile(flags["tls_cert"], &tls_cert) ||
+                    !ReadFile(flags["tls_key"], &tls_key))) {
+    std::cerr << "worker: --tls_cert and --tls_key must name readable PEM files "
+                 "(or pass --insecure=1 for plaintext on loopback)\n";
     return 2;
   }
   // Block the stop signals in every thread; main waits for them with sigwait.
@@ -91,16 +131,41 @@ int main(int argc, char** argv) {
   }
 
   meshnet::worker::ServiceOptions service_options;
-  service_options.node_id = flags.count("node_id") ? flags["node_id"] : "worker";
+  service_options.node_id = flags["node_id"];
+  service_options.tracker_key = tracker_key;
+  service_options.layer_start = static_cast<uint32_t>(scheduler->layer_start());
+  service_options.layer_end = static_cast<uint32_t>(scheduler->layer_end());
+  service_options.compression = Int(flags, "compression", 0) != 0;
+  // The node's token for TakeWork comes through the environment, never argv (world-readable).
+  if (const char* token = std::getenv("MESHNET_SUPERVISOR_TOKEN")) {
+    service_options.supervisor_token = token;
+    unsetenv("MESHNET_SUPERVISOR_TOKEN");
+  }
+  service_options.insecure = insecure;
   service_options.sessions.max_sessions = max_sessions;
   service_options.sessions.idle = std::chrono::seconds(Int(flags, "idle_seconds", 300));
+  service_options.ticket_deadline =
+      std::chrono::milliseconds(Int(flags, "ticket_deadline_ms", 10000));
   auto service = std::make_unique<meshnet::worker::ShardService>(scheduler.get(), service_options);
 
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (insecure) {
+    credentials = grpc::InsecureServerCredentials();
+  } else {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({tls_key, tls_cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(flags.count("listen") ? flags["listen"] : "127.0.0.1:0",
-                           grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.AddListeningPort(flags.count("listen") ? flags["listen"] : "127.0.0.1:0", credentials,
+                           &port);
+  builder.SetMaxReceiveMessageSize(kMaxFrameBytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             Int(flags, "max_concurrent_streams", 32));
+  grpc::ResourceQuota quota("meshnet-worker");
+  quota.SetMaxThreads(Int(flags, "max_threads", 64));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -1,17 +1,16 @@
 #include "cpp/worker/service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <openssl/crypto.h>
 
 #include <algorithm>
-#include <cmath>
-#include <deque>
 #include <future>
 #include <utility>
-#include <vector>
 
+#include "cpp/engine/sampler.h"
 #include "cpp/protocol/bundle.h"
 #include "cpp/protocol/tensor.h"
-#include "llama.h"
+#include "cpp/worker/downstream.h"
 
 namespace meshnet::worker {
 
@@ -26,184 +25,105 @@ using protocol::Status;
 namespace {
 
 constexpr char kHidden[] = "hidden_states";
-const char* const kFeatures[] = {"compression.zlib", "logprobs"};
+constexpr char kZlib[] = "compression.zlib";
+constexpr char kLogprobs[] = "logprobs";
 
-// The session's sampler: llama.cpp's sampler chain over one row of logits.
-class Sampler {
- public:
-  explicit Sampler(const protocol::SamplingParams& params) : params_(params) {
-    chain_ = llama_sampler_chain_init(llama_sampler_chain_default_params());
-    if (params.temperature <= 0) {
-      llama_sampler_chain_add(chain_, llama_sampler_init_greedy());
-      return;
-    }
-    if (params.top_k > 0) llama_sampler_chain_add(chain_, llama_sampler_init_top_k(params.top_k));
-    if (params.top_p > 0 && params.top_p < 1) {
-      llama_sampler_chain_add(chain_, llama_sampler_init_top_p(params.top_p, 1));
-    }
-    llama_sampler_chain_add(chain_, llama_sampler_init_temp(params.temperature));
-    llama_sampler_chain_add(chain_, llama_sampler_init_dist(static_cast<uint32_t>(params.seed)));
+uint64_t NowUnixMs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+grpc::Status ToGrpc(const Status& status) {
+  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+  switch (status.code) {
+    case Code::kOk: return grpc::Status::OK;
+    case Code::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case Code::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
+    case Code::kPermissionDenied: code = grpc::StatusCode::PERMISSION_DENIED; break;
+    case Code::kResourceExhausted: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    default: break;
   }
-  ~Sampler() { llama_sampler_free(chain_); }
-  Sampler(const Sampler&) = delete;
-  Sampler& operator=(const Sampler&) = delete;
+  return grpc::Status(code, status.message);
+}
 
-  const protocol::SamplingParams& params() const { return params_; }
+HopIdentity MakeIdentity(const ServiceOptions& options, const Scheduler& scheduler) {
+  HopIdentity hop;
+  hop.node_id = options.node_id;
+  hop.layer_start = options.layer_end != 0 ? options.layer_start : scheduler.layer_start();
+  hop.layer_end = options.layer_end != 0 ? options.layer_end : scheduler.layer_end();
+  hop.last = scheduler.last();
+  hop.tracker_key = options.tracker_key;
+  return hop;
+}
 
-  protocol::SampledToken Sample(const std::vector<float>& logits, uint64_t position) {
-    std::vector<llama_token_data> data(logits.size());
-    for (size_t i = 0; i < logits.size(); ++i) {
-      data[i] = {static_cast<llama_token>(i), logits[i], 0.0f};
-    }
-    llama_token_data_array array{data.data(), data.size(), -1, false};
-    llama_sampler_apply(chain_, &array);
-    protocol::SampledToken token;
-    token.token_id = static_cast<uint32_t>(array.data[array.selected].id);
-    token.position = position;
-    float max = *std::max_element(logits.begin(), logits.end());
-    double sum = 0;
-    for (float logit : logits) sum += std::exp(double(logit) - max);
-    float log_z = max + static_cast<float>(std::log(sum));
-    token.logprob = logits[token.token_id] - log_z;
-    std::vector<uint32_t> ids(logits.size());
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(i);
-    size_t top = std::min<size_t>(params_.top_logprobs, ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + top, ids.end(),
-                      [&](uint32_t a, uint32_t b) { return logits[a] > logits[b]; });
-    for (size_t i = 0; i < top; ++i) token.top.push_back({ids[i], logits[ids[i]] - log_z});
-    return token;
+// The frame the next hop gets for `frame`: its own range and ticket, the rest of the route.
+protocol::SeamFrame NextHopFrame(const protocol::SeamFrame& frame,
+                                 const protocol::DownstreamHop& next) {
+  protocol::SeamFrame out = frame;
+  out.token_ids.clear();
+  out.range = next.range;
+  out.ticket.reset();
+  out.downstream.clear();
+  if (!frame.downstream.empty()) {
+    out.ticket = frame.downstream[0].ticket;
+    out.downstream.assign(frame.downstream.begin() + 1, frame.downstream.end());
   }
-
- private:
-  protocol::SamplingParams params_;
-  llama_sampler* chain_ = nullptr;
-};
+  return out;
+}
 
 }  // namespace
 
-// Replies to whoever sends a session's frames; writes after the handler returned are dropped.
-struct ShardService::Upstream {
-  explicit Upstream(grpc::ServerReaderWriter<pb::SeamReply, pb::SeamFrame>* s) : stream(s) {}
+// One Seam call. Replies may be written from the reader loop and from a Downstream reader;
+// writes after the handler returned are dropped. `cancelled` is guarded by the service's mu_,
+// and `context` is valid while the stream is registered in streams_.
+struct ShardService::Stream {
+  Stream(uint64_t id, grpc::ServerContext* context,
+         grpc::ServerReaderWriter<pb::SeamReply, pb::SeamFrame>* stream)
+      : id(id), context(context), opened(Clock::now()), stream_(stream) {}
   void Write(const protocol::SeamReply& reply) {
     pb::SeamReply message;
     protocol::ToProto(reply, &message);
-    std::lock_guard<std::mutex> lock(mu);
-    if (stream != nullptr) stream->Write(message);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream_ != nullptr) stream_->Write(message);
   }
   void Close() {
-    std::lock_guard<std::mutex> lock(mu);
-    stream = nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_ = nullptr;
   }
-  std::mutex mu;
-  grpc::ServerReaderWriter<pb::SeamReply, pb::SeamFrame>* stream;
-};
-
-// One Seam stream to the next hop for one session; a reader thread reports error replies.
-class Downstream {
- public:
-  Downstream(const protocol::DownstreamHop& hop, std::function<void(Status)> on_error)
-      : hop_(hop), on_error_(std::move(on_error)) {
-    channel_ = grpc::CreateChannel(hop.address, grpc::InsecureChannelCredentials());
-    stub_ = pb::Shard::NewStub(channel_);
-    stream_ = stub_->Seam(&context_);
-    reader_ = std::thread([this] { Read(); });
-  }
-  ~Downstream() { Close(); }
-
-  const protocol::DownstreamHop& hop() const { return hop_; }
-
-  bool Send(const protocol::SeamFrame& frame) {
-    pb::SeamFrame message;
-    protocol::ToProto(frame, &message);
-    std::lock_guard<std::mutex> lock(write_mu_);
-    return !closed_ && stream_->Write(message);
-  }
-
-  // Half-closes; waits up to 2 s for the next hop to end the stream, then cancels it.
-  void Close() {
-    {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      if (closed_) return;
-      closed_ = true;
-      stream_->WritesDone();
-    }
-    if (finished_.get_future().wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
-      context_.TryCancel();
-    }
-    reader_.join();
-  }
+  const uint64_t id;
+  grpc::ServerContext* const context;
+  const Clock::time_point opened;
+  std::atomic<bool> authenticated{false};  // presented a valid ticket
+  bool cancelled = false;
 
  private:
-  void Read() {
-    pb::SeamReply message;
-    while (stream_->Read(&message)) {
-      protocol::SeamReply reply;
-      protocol::FromProto(message, &reply);
-      if (reply.status.has_value() && !reply.status->ok()) {
-        Status status = *reply.status;
-        if (status.hop.empty()) status.hop = hop_.node_id;
-        on_error_(status);
-      }
-    }
-    grpc::Status status = stream_->Finish();
-    bool closed;
-    {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      closed = closed_;
-    }
-    if (!closed) {  // the next hop is gone: name it, so the client reports the right node
-      Status lost = MakeError(Code::kUnavailable,
-                              "next hop " + hop_.node_id + " lost: " + status.error_message(), true);
-      lost.hop = hop_.node_id;
-      on_error_(lost);
-    }
-    finished_.set_value();
-  }
-
-  protocol::DownstreamHop hop_;
-  std::function<void(Status)> on_error_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<pb::Shard::Stub> stub_;
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<pb::SeamFrame, pb::SeamReply>> stream_;
-  std::mutex write_mu_;
-  bool closed_ = false;
-  std::promise<void> finished_;
-  std::thread reader_;
+  std::mutex mu_;
+  grpc::ServerReaderWriter<pb::SeamReply, pb::SeamFrame>* stream_;
 };
 
 // A session's state beyond the table; `mu` serializes its steps against End.
 struct ShardService::Live {
   std::mutex mu;
   bool ended = false;
-  std::shared_ptr<Upstream> upstream;
-  std::optional<protocol::RouteSession> session;
+  std::shared_ptr<Stream> upstream;  // the stream it is bound to
+  protocol::RouteSession session;
+  protocol::Ticket ticket;           // the ticket that opened it
   std::atomic<uint64_t> last_step{0};
   std::unique_ptr<Downstream> downstream;
-  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<engine::Sampler> sampler;
   protocol::Reassembler reassembler;
 };
 
-struct ShardService::ResultQueue {
-  void Push(protocol::ResultFrame frame, bool close) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      frames.push_back(std::move(frame));
-      if (close && !closed) closed_at = Clock::now();
-      closed = closed || close;
-    }
-    cv.notify_all();
-  }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<protocol::ResultFrame> frames;
-  bool closed = false;
-  Clock::time_point closed_at;  // when `closed` became true
-};
-
 ShardService::ShardService(Scheduler* scheduler, const ServiceOptions& options)
-    : scheduler_(scheduler), options_(options), table_(options.sessions) {
-  reaper_ = std::thread([this] { ReapIdle(); });
+    : scheduler_(scheduler),
+      options_(options),
+      identity_(MakeIdentity(options, *scheduler)),
+      table_(options.sessions),
+      results_(options.max_results_queues > 0 ? options.max_results_queues
+                                              : 2 * options.sessions.max_sessions,
+               options.results_grace) {
+  reaper_ = std::thread([this] { Reap(); });
 }
 
 ShardService::~ShardService() {
@@ -223,19 +143,25 @@ ShardService::~ShardService() {
   }
 }
 
-void ShardService::ReapIdle() {
-  auto period = std::min<Clock::duration>(std::chrono::seconds(1), options_.sessions.idle / 4);
+void ShardService::Reap() {
+  auto period = std::max<Clock::duration>(
+      std::chrono::milliseconds(10),
+      std::min<Clock::duration>(
+          {std::chrono::seconds(1), options_.sessions.idle / 4, options_.ticket_deadline / 4}));
   std::unique_lock<std::mutex> lock(mu_);
   while (!reaper_wake_.wait_for(lock, period, [this] { return stopping_; })) {
-    // A closed queue nobody reads (the client left first, or never subscribed) goes after a
-    // grace period for late readers; without this, results_ grows by one per such session.
-    for (auto it = results_.begin(); it != results_.end();) {
-      std::lock_guard<std::mutex> queue_lock(it->second->mu);
-      bool expired = it->second->closed && Clock::now() - it->second->closed_at > options_.results_grace;
-      it = expired ? results_.erase(it) : std::next(it);
+    const Clock::time_point now = Clock::now();
+    for (auto& [id, stream] : streams_) {  // no valid ticket in time: cut the stream
+      if (!stream->authenticated && !stream->cancelled &&
+          now - stream->opened > options_.ticket_deadline) {
+        stream->cancelled = true;
+        stream->context->TryCancel();
+      }
     }
     lock.unlock();
-    for (const SessionKey& key : table_.Idle(Clock::now())) {
+    results_.Reap(now);
+    table_.PruneFences(NowUnixMs());
+    for (const SessionKey& key : table_.Idle(now)) {
       End(key, FinishReason::kError,
           MakeError(Code::kDeadlineExceeded, "session idle past the worker's idle timeout"));
     }
@@ -256,7 +182,9 @@ grpc::Status ShardService::Hello(grpc::ServerContext*, const pb::HelloRequest* r
                                                 std::to_string(protocol::kProtocolMajor));
   } else {
     out.chosen_version = protocol::CurrentVersion();
-    for (const char* feature : kFeatures) {
+    std::vector<std::string> offered = {kLogprobs};
+    if (options_.compression) offered.push_back(kZlib);
+    for (const std::string& feature : offered) {
       if (std::count(in.features.begin(), in.features.end(), feature)) {
         out.features.push_back(feature);
       }
@@ -268,19 +196,23 @@ grpc::Status ShardService::Hello(grpc::ServerContext*, const pb::HelloRequest* r
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::TakeWork(grpc::ServerContext*, const pb::TakeWorkRequest*,
+grpc::Status ShardService::TakeWork(grpc::ServerContext* context, const pb::TakeWorkRequest*,
                                     pb::TakeWorkReply* reply) {
-  std::map<SessionKey, std::pair<uint64_t, uint64_t>> taken;
-  {
-    std::lock_guard<std::mutex> lock(work_mu_);
-    taken.swap(work_);
+  const auto& metadata = context->client_metadata();
+  auto given = metadata.find(kSupervisorMetadata);
+  const std::string& token = options_.supervisor_token;
+  bool supervisor = !token.empty() && given != metadata.end() && given->second.size() == token.size() &&
+                    CRYPTO_memcmp(given->second.data(), token.data(), token.size()) == 0;
+  if (!supervisor) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "TakeWork answers only this node's supervisor");
   }
-  for (const auto& [key, counts] : taken) {
+  for (const SessionWork& taken : table_.TakeWork()) {
     pb::SessionWork* work = reply->add_work();
-    work->mutable_session()->set_session_id(key.first);
-    work->mutable_session()->set_epoch(key.second);
-    work->set_prefill_tokens(counts.first);
-    work->set_decode_tokens(counts.second);
+    work->mutable_session()->set_session_id(taken.key.first);
+    work->mutable_session()->set_epoch(taken.key.second);
+    work->set_prefill_tokens(taken.prefill);
+    work->set_decode_tokens(taken.decode);
   }
   return grpc::Status::OK;
 }
@@ -300,14 +232,9 @@ grpc::Status ShardService::Health(grpc::ServerContext*, const pb::HealthRequest*
   reply->set_compute_us(stats.compute_us);
   reply->set_seam_frames_in(seam_frames_in_.load());
   reply->set_seam_bytes_in(seam_bytes_in_.load());
+  reply->set_fence_entries(static_cast<uint32_t>(table_.fence_entries()));
+  reply->set_results_readers(static_cast<uint32_t>(results_.readers()));
   return grpc::Status::OK;
-}
-
-std::shared_ptr<ShardService::ResultQueue> ShardService::Results(const SessionKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::shared_ptr<ResultQueue>& queue = results_[key];
-  if (queue == nullptr) queue = std::make_shared<ResultQueue>();
-  return queue;
 }
 
 grpc::Status ShardService::Results(grpc::ServerContext* context,
@@ -315,69 +242,85 @@ grpc::Status ShardService::Results(grpc::ServerContext* context,
                                    grpc::ServerWriter<pb::ResultFrame>* writer) {
   protocol::ResultsRequest in;
   protocol::FromProto(*request, &in);
-  if (!in.session.has_value()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "results request without a session");
+  protocol::Ticket ticket;
+  Status admitted = CheckResultsRequest(in, identity_, NowUnixMs(), &ticket);
+  if (!admitted.ok()) return ToGrpc(admitted);
+  const SessionKey key{in.session->session_id, in.session->epoch};
+  std::shared_ptr<ResultQueue> queue;
+  switch (results_.Attach(key, &queue)) {
+    case ResultsBoard::Attached::kFull:
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too many results queues");
+    case ResultsBoard::Attached::kHasReader:
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "session already has a reader");
+    case ResultsBoard::Attached::kOk:
+      break;
   }
-  SessionKey key{in.session->session_id, in.session->epoch};
-  std::shared_ptr<ResultQueue> queue = Results(key);
   while (!context->IsCancelled()) {
-    std::unique_lock<std::mutex> lock(queue->mu);
-    queue->cv.wait_for(lock, std::chrono::milliseconds(200),
-                       [&] { return !queue->frames.empty() || queue->closed; });
-    if (queue->frames.empty()) {
-      if (queue->closed) break;
+    protocol::ResultFrame frame;
+    bool closed = false;
+    if (!queue->Pop(std::chrono::milliseconds(200), &frame, &closed)) {
+      if (closed) break;
       continue;
     }
-    protocol::ResultFrame frame = std::move(queue->frames.front());
-    queue->frames.pop_front();
-    lock.unlock();
     pb::ResultFrame message;
     protocol::ToProto(frame, &message);
     if (!writer->Write(message)) break;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = results_.find(key);
-  if (it != results_.end() && it->second == queue) results_.erase(it);
+  results_.Detach(key, queue);
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Seam(grpc::ServerContext*,
-                                grpc::ServerReaderWriter<pb::SeamReply, pb::SeamFrame>* stream) {
-  auto upstream = std::make_shared<Upstream>(stream);
+grpc::Status ShardService::Seam(grpc::ServerContext* context,
+                                grpc::ServerReaderWriter<pb::SeamReply, pb::SeamFrame>* rw) {
+  auto stream = std::make_shared<Stream>(next_stream_id_.fetch_add(1), context, rw);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_[stream->id] = stream;
+  }
   std::set<SessionKey> owned;
   pb::SeamFrame message;
-  while (stream->Read(&message)) {
+  while (rw->Read(&message)) {
     seam_frames_in_.fetch_add(1);
     seam_bytes_in_.fetch_add(message.ByteSizeLong());
-    std::optional<protocol::SeamReply> reply = Handle(message, upstream, &owned);
-    if (reply.has_value()) upstream->Write(*reply);
+    std::optional<protocol::SeamReply> reply = Handle(message, stream, &owned);
+    if (reply.has_value()) stream->Write(*reply);
   }
-  for (const SessionKey& key : owned) {  // stream loss frees every session that came through it
+  for (const SessionKey& key : owned) {  // stream loss frees every session still bound to it
+    if (table_.Stream(key) != stream->id) continue;  // ended, and maybe reopened elsewhere
     End(key, FinishReason::kError,
         MakeError(Code::kUnavailable, "upstream of " + options_.node_id + " lost", true));
   }
-  upstream->Close();
+  stream->Close();
+  std::lock_guard<std::mutex> lock(mu_);
+  streams_.erase(stream->id);
   return grpc::Status::OK;
 }
 
 std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& message,
-                                                        const std::shared_ptr<Upstream>& upstream,
+                                                        const std::shared_ptr<Stream>& stream,
                                                         std::set<SessionKey>* owned) {
   protocol::SeamFrame frame;
   protocol::FromProto(message, &frame);
-  if (!frame.version.has_value()) {
-    return Reply(frame, protocol::InvalidArgumentError("frame without a protocol version"));
+  // ADR 0003's order; nothing below creates state until the ticket and the fence passed.
+  Status header = CheckFrameHeader(frame);
+  if (!header.ok()) return Reply(frame, header);
+  const SessionKey key{frame.session->session_id, frame.session->epoch};
+  const uint64_t now_ms = NowUnixMs();
+  const std::optional<uint64_t> holder = table_.Stream(key);
+  const bool bound = holder == stream->id;
+  protocol::Ticket ticket;
+  if (!bound) {
+    Status admitted = CheckTicket(frame.ticket, *frame.session, identity_, now_ms, &ticket);
+    if (!admitted.ok()) return Reply(frame, admitted);
+    stream->authenticated = true;
+    if (holder.has_value()) {
+      return Reply(frame, MakeError(Code::kPermissionDenied,
+                                    "session is bound to another stream"));
+    }
   }
-  if (frame.version->major != protocol::kProtocolMajor) {
-    return Reply(frame, protocol::VersionMismatchError(
-                            "major " + std::to_string(frame.version->major) + " is not spoken"));
-  }
-  if (!frame.session.has_value()) {
-    return Reply(frame, protocol::InvalidArgumentError("frame without a route session"));
-  }
-  SessionKey key{frame.session->session_id, frame.session->epoch};
   std::vector<EndedSession> fenced;
-  Status fence = table_.Fence(key.first, key.second, &fenced);
+  Status fence = table_.Fence(key.first, key.second, bound ? 0 : ticket.expires_unix_ms, now_ms,
+                              &fenced);
   if (!fence.ok()) return Reply(frame, fence);
   for (const EndedSession& old : fenced) {  // Fence took them out of the table
     scheduler_->Release(old.seq, [this, seq = old.seq] { table_.FreeSeq(seq); });
@@ -391,6 +334,7 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
                                   "frame's fingerprints differ from this node's"));
   }
   if (frame.phase == Phase::kRelease || frame.phase == Phase::kCancel) {
+    if (!bound) return Reply(frame, OkStatus());  // not a session here: nothing to end
     bool cancel = frame.phase == Phase::kCancel;
     End(key, cancel ? FinishReason::kCancelled : FinishReason::kUnspecified,
         cancel ? MakeError(Code::kCancelled, "cancelled by the client") : OkStatus(), &frame);
@@ -401,8 +345,12 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
     return Reply(frame, protocol::InvalidArgumentError(
                             "unknown phase " + std::to_string(static_cast<int>(frame.phase))));
   }
+  if (!bound) {
+    Status route = CheckDownstream(ticket, frame.downstream, identity_.last, !options_.insecure);
+    if (!route.ok()) return Reply(frame, route);
+  }
   SessionInfo info;
-  Status opened = table_.Open(key, Clock::now(), &info);
+  Status opened = table_.Open(key, stream->id, Clock::now(), &info);
   if (!opened.ok()) return Reply(frame, opened);
   std::shared_ptr<Live> live;
   {
@@ -410,8 +358,9 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
     std::shared_ptr<Live>& slot = live_[key];
     if (slot == nullptr) {
       slot = std::make_shared<Live>();
-      slot->upstream = upstream;
-      slot->session = frame.session;
+      slot->upstream = stream;
+      slot->session = *frame.session;
+      slot->ticket = ticket;
       owned->insert(key);
     }
     live = slot;
@@ -470,31 +419,12 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
       item.tokens.push_back(static_cast<int32_t>(token));
     }
   } else {
-    if (!frame.fragment.has_value()) {
-      return Reply(frame, protocol::InvalidArgumentError("hidden states expected"));
-    }
-    Status added = live.reassembler.Add(*frame.fragment);
-    if (!added.ok()) return Reply(frame, added);
-    if (!live.reassembler.complete()) return std::nullopt;  // more fragments of this step
-    std::vector<protocol::Tensor> tensors;
-    Status taken = live.reassembler.Take(&tensors);
-    if (!taken.ok()) return Reply(frame, taken);
-    auto hidden = std::find_if(tensors.begin(), tensors.end(),
-                               [](const protocol::Tensor& t) { return t.name == kHidden; });
-    std::vector<uint64_t> shape = {count, static_cast<uint64_t>(scheduler_->n_embd())};
-    if (hidden == tensors.end() || hidden->shape != shape) {
-      return Reply(frame, protocol::InvalidArgumentError(
-                              std::string("bundle lacks ") + kHidden + " of shape [" +
-                              std::to_string(count) + ", " +
-                              std::to_string(scheduler_->n_embd()) + "]"));
-    }
-    item.hidden = protocol::TensorToFloats(*hidden);
-    if (item.hidden.size() != count * scheduler_->n_embd()) {
-      return Reply(frame, protocol::InvalidArgumentError("unsupported dtype for " +
-                                                         std::string(kHidden)));
-    }
+    bool complete = false;
+    Status hidden = Hidden(live, frame, &item.hidden, &complete);
+    if (!hidden.ok()) return Reply(frame, hidden);
+    if (!complete) return std::nullopt;  // more fragments of this step
   }
-  if (frame.sampling.has_value()) live.sampler = std::make_unique<Sampler>(*frame.sampling);
+  if (frame.sampling.has_value()) live.sampler = std::make_unique<engine::Sampler>(*frame.sampling);
 
   auto result = std::make_shared<std::promise<std::pair<Status, std::vector<float>>>>();
   auto ready = result->get_future();
@@ -513,27 +443,60 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
     if (!forwarded.ok()) return Reply(frame, forwarded);
   }
   protocol::SeamReply reply = Reply(frame, OkStatus(), length);
-  table_.RecordStep(key, frame.step, reply, length, count);
-  {
-    std::lock_guard<std::mutex> lock(work_mu_);
-    auto& [prefill, decode] = work_[key];
-    (frame.phase == protocol::Phase::kDecode ? decode : prefill) += count;
-  }
+  table_.RecordStep(key, frame.step, reply, length, count, frame.phase == Phase::kDecode);
   live.last_step = frame.step;
   return reply;
+}
+
+Status ShardService::Hidden(Live& live, const protocol::SeamFrame& frame,
+                            std::vector<float>* hidden, bool* complete) {
+  if (!frame.fragment.has_value()) return protocol::InvalidArgumentError("hidden states expected");
+  const uint32_t count = frame.span->count;
+  const int n_embd = scheduler_->n_embd();
+  Status accepted = CheckFragment(*frame.fragment, options_.compression);
+  if (!accepted.ok()) {
+    live.reassembler.Reset();
+    return accepted;
+  }
+  // Bound this step's bundle by what it may carry, before fragment 0 allocates anything.
+  if (frame.fragment->index == 0) {
+    live.reassembler.set_limits(StepLimits(count, n_embd, options_.compression));
+  }
+  Status added = live.reassembler.Add(*frame.fragment);
+  if (!added.ok()) return added;
+  *complete = live.reassembler.complete();
+  if (!*complete) return OkStatus();
+  std::vector<protocol::Tensor> tensors;
+  Status taken = live.reassembler.Take(&tensors);
+  if (!taken.ok()) return taken;
+  auto it = std::find_if(tensors.begin(), tensors.end(),
+                         [](const protocol::Tensor& t) { return t.name == kHidden; });
+  std::vector<uint64_t> shape = {count, static_cast<uint64_t>(n_embd)};
+  if (it == tensors.end() || it->shape != shape) {
+    return protocol::InvalidArgumentError(std::string("bundle lacks ") + kHidden + " of shape [" +
+                                          std::to_string(count) + ", " + std::to_string(n_embd) +
+                                          "]");
+  }
+  *hidden = protocol::TensorToFloats(*it);
+  if (hidden->size() != uint64_t{count} * n_embd) {
+    return protocol::InvalidArgumentError("unsupported dtype for " + std::string(kHidden));
+  }
+  return CheckFinite(*hidden, n_embd);
 }
 
 Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
                              const std::vector<float>& hidden) {
   if (live.downstream == nullptr) {
-    if (frame.downstream.empty()) {
-      return protocol::InvalidArgumentError("not the last hop, but no downstream hop given");
-    }
-    std::shared_ptr<Upstream> upstream = live.upstream;
-    std::optional<protocol::RouteSession> session = live.session;
+    // Only the hop the ticket names, and only over TLS that trusts the ticket's certificate.
+    Status route = CheckDownstream(live.ticket, frame.downstream, false, !options_.insecure);
+    if (!route.ok()) return route;
+    std::shared_ptr<Stream> upstream = live.upstream;
+    protocol::RouteSession session = live.session;
     std::atomic<uint64_t>* last_step = &live.last_step;
     live.downstream = std::make_unique<Downstream>(
-        frame.downstream[0], [upstream, session, last_step](Status status) {
+        frame.downstream[0],
+        DownstreamCredentials{options_.insecure, live.ticket.downstream_tls_certificate},
+        [upstream, session, last_step](Status status) {
           protocol::SeamReply reply;
           reply.version = protocol::CurrentVersion();
           reply.session = session;
@@ -551,11 +514,7 @@ Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
   Status encoded = protocol::EncodeBundle(tensors, frame.step, protocol::Compression::kNone,
                                           limits.max_fragment_bytes, limits, &fragments);
   if (!encoded.ok()) return encoded;
-  protocol::SeamFrame next = frame;
-  next.token_ids.clear();
-  next.range = live.downstream->hop().range;
-  next.downstream.assign(frame.downstream.begin() + (frame.downstream.empty() ? 0 : 1),
-                         frame.downstream.end());
+  protocol::SeamFrame next = NextHopFrame(frame, live.downstream->hop());
   for (protocol::TensorFragment& fragment : fragments) {
     next.fragment = std::move(fragment);
     if (!live.downstream->Send(next)) {
@@ -564,13 +523,16 @@ Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
       lost.hop = live.downstream->hop().node_id;
       return lost;
     }
+    next.ticket.reset();  // the first fragment carried it
   }
   return OkStatus();
 }
 
 void ShardService::Emit(Live& live, const protocol::SeamFrame& frame,
                         const std::vector<float>& logits, uint64_t length) {
-  if (live.sampler == nullptr) live.sampler = std::make_unique<Sampler>(protocol::SamplingParams());
+  if (live.sampler == nullptr) {
+    live.sampler = std::make_unique<engine::Sampler>(protocol::SamplingParams());
+  }
   protocol::ResultFrame result;
   result.version = protocol::CurrentVersion();
   result.session = frame.session;
@@ -581,8 +543,7 @@ void ShardService::Emit(Live& live, const protocol::SeamFrame& frame,
     result.finish_reason = FinishReason::kStop;
   }
   result.status = OkStatus();
-  SessionKey key{frame.session->session_id, frame.session->epoch};
-  Results(key)->Push(std::move(result), false);
+  results_.Push({frame.session->session_id, frame.session->epoch}, std::move(result), false);
 }
 
 void ShardService::End(const SessionKey& key, FinishReason reason, const Status& status,
@@ -596,20 +557,16 @@ void ShardService::End(const SessionKey& key, FinishReason reason, const Status&
       live_.erase(it);
     }
   }
-  if (std::optional<EndedSession> ended = table_.Remove(key)) {
+  std::optional<EndedSession> ended = table_.Remove(key);
+  if (ended.has_value()) {
     scheduler_->Release(ended->seq, [this, seq = ended->seq] { table_.FreeSeq(seq); });
   }
+  if (live == nullptr && !ended.has_value()) return;  // not a session here
   if (live != nullptr) {
     std::lock_guard<std::mutex> lock(live->mu);
     live->ended = true;
     if (live->downstream != nullptr) {
-      if (forward != nullptr) {
-        protocol::SeamFrame next = *forward;
-        next.range = live->downstream->hop().range;
-        next.downstream.assign(forward->downstream.begin() + (forward->downstream.empty() ? 0 : 1),
-                               forward->downstream.end());
-        live->downstream->Send(next);
-      }
+      if (forward != nullptr) live->downstream->Send(NextHopFrame(*forward, live->downstream->hop()));
       live->downstream.reset();  // half-closes and joins its reader
     }
   }
@@ -619,7 +576,7 @@ void ShardService::End(const SessionKey& key, FinishReason reason, const Status&
     result.session = protocol::RouteSession{key.first, key.second};
     result.finish_reason = reason;
     result.status = status;
-    Results(key)->Push(std::move(result), true);
+    results_.Push(key, std::move(result), true);
   }
 }
 

@@ -1,16 +1,19 @@
-// The worker's gRPC service meshnet.shard.v1.Shard (Hello, Health, Seam, Results), with the
-// semantics of the Python reference shard (python/meshnet/reference/server.py).
+// The worker's gRPC service meshnet.shard.v1.Shard (Hello, Health, TakeWork, Seam, Results),
+// with the semantics of the Python reference shard (python/meshnet/reference/server.py).
 //
 // One Seam stream per upstream peer and route session: the handler's reader loop (a gRPC
-// thread) decodes each frame, fences epochs, replays repeated steps from the record, submits the
-// step to the Scheduler and waits for it, then forwards hidden rows to the next hop over one
-// downstream Seam stream per session (a reader thread relays its error replies upstream) or, on
-// the last hop, samples a token into the session's Results stream. Release, cancel, fencing,
-// upstream stream loss and idle timeout all end a session: its KV is dropped on the engine
-// thread, a release/cancel travels on, and its Results stream closes.
+// thread) decodes each frame, admits it (cpp/worker/hop.h, in ADR 0003's order: header, route
+// ticket unless the session is bound to this stream, epoch fence, stream binding, downstream
+// named by the ticket), replays repeated steps from the record, submits the step to the
+// Scheduler and waits for it, then forwards hidden rows to the next hop (cpp/worker/downstream.h)
+// or, on the last hop, samples a token into the session's Results queue (cpp/worker/results.h).
+// Release, cancel, fencing, upstream stream loss and idle timeout all end a session: its KV is
+// dropped on the engine thread, a release/cancel travels on, and its Results stream closes. A
+// Seam stream that presents no valid ticket within `ticket_deadline` is cancelled.
 //
-// Protobuf types stop here: everything below the service uses cpp/protocol's native structs.
-// Threading: the gRPC methods run on gRPC threads; the service owns an idle-reaper thread.
+// Protobuf types stop here (and in downstream.cc): below, only cpp/protocol's native structs.
+// Threading: the gRPC methods run on gRPC threads; the service owns a reaper thread (idle
+// sessions, unread results, expired fences, unauthenticated streams).
 #ifndef MESHNET_CPP_WORKER_SERVICE_H_
 #define MESHNET_CPP_WORKER_SERVICE_H_
 
@@ -24,8 +27,12 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cpp/protocol/seam.h"
+#include "cpp/protocol/ticket.h"
+#include "cpp/worker/hop.h"
+#include "cpp/worker/results.h"
 #include "cpp/worker/scheduler.h"
 #include "cpp/worker/sessions.h"
 #include "meshnet/shard/v1/shard.grpc.pb.h"
@@ -33,13 +40,28 @@
 namespace meshnet::worker {
 
 struct ServiceOptions {
-  std::string node_id;                              // names this hop in errors
+  std::string node_id;                 // this hop's id: tickets must name it; names it in errors
+  protocol::PublicKey tracker_key{};   // verifies route tickets (--tracker_key)
+  // The registered range [layer_start, layer_end) tickets must name; layer_end 0 takes the
+  // scheduler's resolved range (what --layers loaded).
+  uint32_t layer_start = 0;
+  uint32_t layer_end = 0;
+  bool compression = false;  // offer compression.zlib in Hello and accept zlib bundles
+  bool insecure = false;     // dial downstream hops in plaintext (--insecure=1), not pinned TLS
   std::optional<protocol::Fingerprints> fingerprints;  // frames must match when set
   SessionTableOptions sessions;                     // max_sessions <= scheduler's n_seq
   uint32_t credits = 8;                             // frames a sender may write per reply
   // How long a closed Results queue waits for a late reader before the reaper drops it.
   std::chrono::milliseconds results_grace{10000};
+  // A Seam stream that has not presented a valid ticket by then is cancelled.
+  std::chrono::milliseconds ticket_deadline{10000};
+  int max_results_queues = 0;  // queues Results readers may open; 0: 2 * max_sessions
+  // TakeWork answers only calls whose "x-meshnet-supervisor" metadata equals this token (the
+  // node's, from $MESHNET_SUPERVISOR_TOKEN); empty refuses every caller.
+  std::string supervisor_token;
 };
+
+inline constexpr char kSupervisorMetadata[] = "x-meshnet-supervisor";
 
 class ShardService final : public meshnet::shard::v1::Shard::Service {
  public:
@@ -66,18 +88,21 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   // Any thread.
   int active_sessions() const { return table_.active(); }
   int free_seqs() const { return table_.free_seqs(); }
+  int fence_entries() const { return table_.fence_entries(); }
   std::map<SessionKey, uint64_t> TokenCounts() const { return table_.TokenCounts(); }
+  const HopIdentity& identity() const { return identity_; }
 
  private:
-  struct Upstream;
+  struct Stream;
   struct Live;
-  struct ResultQueue;
 
   std::optional<protocol::SeamReply> Handle(const meshnet::shard::v1::SeamFrame& message,
-                                            const std::shared_ptr<Upstream>& upstream,
+                                            const std::shared_ptr<Stream>& stream,
                                             std::set<SessionKey>* owned);
   std::optional<protocol::SeamReply> Step(const SessionKey& key, const SessionInfo& info,
                                           Live& live, const protocol::SeamFrame& frame);
+  protocol::Status Hidden(Live& live, const protocol::SeamFrame& frame,
+                          std::vector<float>* hidden, bool* complete);
   protocol::Status Forward(Live& live, const protocol::SeamFrame& frame,
                            const std::vector<float>& hidden);
   void Emit(Live& live, const protocol::SeamFrame& frame, const std::vector<float>& logits,
@@ -86,20 +111,20 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
            const protocol::SeamFrame* forward = nullptr, bool close_results = true);
   protocol::SeamReply Reply(const protocol::SeamFrame& frame, protocol::Status status,
                             std::optional<uint64_t> cache = std::nullopt) const;
-  std::shared_ptr<ResultQueue> Results(const SessionKey& key);
-  void ReapIdle();
+  void Reap();
 
   Scheduler* const scheduler_;
   const ServiceOptions options_;
+  const HopIdentity identity_;
   SessionTable table_;
+  ResultsBoard results_;
   std::atomic<uint64_t> seam_frames_in_{0};  // Health counters
   std::atomic<uint64_t> seam_bytes_in_{0};
-  std::mutex mu_;  // guards live_, results_, stopping_
+  std::atomic<uint64_t> next_stream_id_{1};
+  std::mutex mu_;  // guards live_, streams_, stopping_
   std::map<SessionKey, std::shared_ptr<Live>> live_;
-  std::map<SessionKey, std::shared_ptr<ResultQueue>> results_;
+  std::map<uint64_t, std::shared_ptr<Stream>> streams_;  // open Seam calls, by id
   bool stopping_ = false;
-  std::mutex work_mu_;  // guards work_
-  std::map<SessionKey, std::pair<uint64_t, uint64_t>> work_;  // (prefill, decode) not yet taken
   std::condition_variable reaper_wake_;
   std::thread reaper_;
 };

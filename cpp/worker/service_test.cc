@@ -1,5 +1,7 @@
-// The seam service as a 2-hop chain over loopback gRPC on the tiny F32 fixture: greedy tokens
-// equal a whole-model run, release frees sequences on both hops, a repeated step is replayed.
+// The seam service as a 2-hop chain over loopback gRPC on the tiny F32 fixture, with route
+// tickets, in plaintext (--insecure) and over TLS pinned to a self-signed certificate: greedy
+// tokens equal a whole-model run, release frees sequences on both hops, a repeated step is
+// replayed, the ledger counts each token once, a stream without a ticket is cut.
 #include "cpp/worker/service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "cpp/engine/tiny_llama.h"
+#include "cpp/protocol/ticket_signer_for_tests.h"
 #include "cpp/worker/test_hop.h"
 
 namespace meshnet::worker {
@@ -20,6 +23,8 @@ namespace {
 
 namespace pb = meshnet::shard::v1;
 using protocol::Code;
+
+const protocol::RouteSession kSession{"s1", 1};
 
 protocol::SeamFrame Frame(protocol::Phase phase, uint64_t step) {
   protocol::SeamFrame frame;
@@ -30,28 +35,31 @@ protocol::SeamFrame Frame(protocol::Phase phase, uint64_t step) {
   return frame;
 }
 
-TEST(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
+class ServiceTest : public ::testing::TestWithParam<bool> {};  // param: TLS on every link
+
+TEST_P(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
+  const bool tls = GetParam();
   std::string path = test_support::WriteFixture("service_test_tiny.gguf");
   const std::vector<int32_t> prompt = {1, 7, 9, 12, 20, 3};
   const int n = 6;
   std::vector<uint32_t> expected = test_support::WholeModelGreedy(path, prompt, n);
 
+  test_support::FakeTracker tracker;
   ServiceOptions service_options;
+  service_options.tracker_key = tracker.key.public_key();
   service_options.sessions.max_sessions = 2;
-  test_support::TestHop hop1(path, 0, 2, "hop-1", 2, service_options),
-      hop2(path, 2, -1, "hop-2", 2, service_options);
+  service_options.supervisor_token = "the-node's-token";
+  const protocol::TlsIdentity tls1 = protocol::MakeSelfSignedTls(),
+                              tls2 = protocol::MakeSelfSignedTls();
+  test_support::TestHop hop1(path, 0, 2, "hop-1", 2, service_options, tls ? &tls1 : nullptr),
+      hop2(path, 2, -1, "hop-2", 2, service_options, tls ? &tls2 : nullptr);
   ASSERT_TRUE(hop1.server && hop2.server);
-  auto channel1 = grpc::CreateChannel(hop1.address(), grpc::InsecureChannelCredentials());
-  auto channel2 = grpc::CreateChannel(hop2.address(), grpc::InsecureChannelCredentials());
-  auto stub1 = pb::Shard::NewStub(channel1);
-  auto stub2 = pb::Shard::NewStub(channel2);
+  const std::vector<const test_support::TestHop*> route = {&hop1, &hop2};
+  auto stub1 = hop1.NewStub();
+  auto stub2 = hop2.NewStub();
 
   grpc::ClientContext results_context;
-  pb::ResultsRequest request;
-  protocol::ToProto(protocol::ResultsRequest{protocol::CurrentVersion(),
-                                             protocol::RouteSession{"s1", 1}},
-                    &request);
-  auto results = stub2->Results(&results_context, request);
+  auto results = stub2->Results(&results_context, tracker.Results(route, kSession));
   grpc::ClientContext seam_context;
   auto seam = stub1->Seam(&seam_context);
 
@@ -77,11 +85,8 @@ TEST(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
   prefill.span = protocol::TokenSpan{0, static_cast<uint32_t>(prompt.size())};
   prefill.token_ids.assign(prompt.begin(), prompt.end());
   prefill.sampling = protocol::SamplingParams();
-  protocol::DownstreamHop next;
-  next.node_id = "hop-2";
-  next.address = hop2.address();
-  next.range = protocol::ShardRange{2, 4, 2};
-  prefill.downstream = {next};
+  prefill.ticket = tracker.TicketFor(route, 0, kSession);
+  prefill.downstream = tracker.Downstream(route, kSession);
   send(prefill);
   protocol::SeamReply reply = read_reply();
   ASSERT_TRUE(reply.status->ok()) << reply.status->ToString();
@@ -125,6 +130,26 @@ TEST(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
   EXPECT_EQ(hop1.service->active_sessions(), 1);
   EXPECT_EQ(hop2.service->active_sessions(), 1);
   EXPECT_EQ(hop1.service->TokenCounts().begin()->second, position);
+  // The ledger counts each position once, split by phase, and is taken once.
+  for (auto* stub : {stub1.get(), stub2.get()}) {
+    for (const char* guess : {"", "a-guess"}) {  // only the node's supervisor takes the counters
+      grpc::ClientContext intruder;
+      if (*guess) intruder.AddMetadata(kSupervisorMetadata, guess);
+      pb::TakeWorkReply nothing;
+      EXPECT_EQ(stub->TakeWork(&intruder, pb::TakeWorkRequest(), &nothing).error_code(),
+                grpc::StatusCode::PERMISSION_DENIED);
+    }
+    grpc::ClientContext context;
+    context.AddMetadata(kSupervisorMetadata, "the-node's-token");
+    pb::TakeWorkReply work;
+    ASSERT_TRUE(stub->TakeWork(&context, pb::TakeWorkRequest(), &work).ok());
+    ASSERT_EQ(work.work_size(), 1);
+    EXPECT_EQ(work.work(0).prefill_tokens(), prompt.size());
+    EXPECT_EQ(work.work(0).decode_tokens(), position - prompt.size());
+  }
+  pb::HealthReply health2 = test_support::Health(*stub2);
+  EXPECT_EQ(health2.results_readers(), 1u);
+  EXPECT_EQ(health2.fence_entries(), 1u);
 
   send(Frame(protocol::Phase::kRelease, uint64_t{1} << 62));
   EXPECT_TRUE(read_reply().status->ok());
@@ -142,13 +167,54 @@ TEST(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
   EXPECT_EQ(hop1.scheduler->Stats().kv_cells_used, 0u);
   EXPECT_EQ(hop2.scheduler->Stats().kv_cells_used, 0u);
 
+  // The session is gone: a frame for it needs a ticket again; an older epoch's valid ticket
+  // meets the fence.
+  send(Frame(protocol::Phase::kDecode, 9));
+  EXPECT_EQ(read_reply().status->code, Code::kUnauthenticated);
   protocol::SeamFrame stale = Frame(protocol::Phase::kDecode, 9);
   stale.session->epoch = 0;
+  stale.ticket = tracker.TicketFor(route, 0, *stale.session);
   send(stale);
   EXPECT_EQ(read_reply().status->code, Code::kStaleEpoch);
   seam->WritesDone();
   EXPECT_TRUE(seam->Finish().ok());
   results_context.TryCancel();
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, ServiceTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Tls" : "Plaintext"; });
+
+// A Seam stream that presents no valid ticket within the deadline is cancelled; one that did
+// is left alone.
+TEST(ServiceDeadlineTest, StreamWithoutTicketIsCut) {
+  std::string path = test_support::WriteFixture("service_test_deadline.gguf");
+  test_support::FakeTracker tracker;
+  ServiceOptions service_options;
+  service_options.tracker_key = tracker.key.public_key();
+  service_options.ticket_deadline = std::chrono::milliseconds(300);
+  test_support::TestHop hop(path, 0, -1, "hop", 1, service_options);
+  ASSERT_TRUE(hop.server);
+  auto stub = hop.NewStub();
+  grpc::ClientContext silent_context, honest_context;
+  auto silent = stub->Seam(&silent_context);
+  auto honest = stub->Seam(&honest_context);
+  pb::SeamFrame message;
+  protocol::SeamFrame release = Frame(protocol::Phase::kRelease, 1);
+  release.ticket = tracker.TicketFor({&hop}, 0, kSession);  // valid: OK, a no-op
+  protocol::ToProto(release, &message);
+  ASSERT_TRUE(honest->Write(message));
+  pb::SeamReply reply;
+  ASSERT_TRUE(honest->Read(&reply));
+  EXPECT_EQ(reply.status().code(), pb::STATUS_CODE_OK);
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(silent->Read(&reply));  // cut by the worker, not by us
+  EXPECT_EQ(silent->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  ASSERT_TRUE(honest->Write(message));  // still open
+  ASSERT_TRUE(honest->Read(&reply));
+  honest->WritesDone();
+  EXPECT_TRUE(honest->Finish().ok());
 }
 
 }  // namespace

@@ -13,27 +13,54 @@ SessionTable::SessionTable(const SessionTableOptions& options) : options_(option
   for (int32_t seq = options.max_sessions - 1; seq >= 0; --seq) free_.push_back(seq);
 }
 
-Status SessionTable::Fence(const std::string& id, uint64_t epoch,
-                           std::vector<EndedSession>* fenced) {
+Status SessionTable::Fence(const std::string& id, uint64_t epoch, uint64_t expires_unix_ms,
+                           uint64_t now_unix_ms, std::vector<EndedSession>* fenced) {
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t& newest = newest_epoch_[id];
-  if (epoch < newest) {
-    return MakeError(Code::kStaleEpoch, "epoch " + std::to_string(epoch) + " is fenced by " +
-                                            std::to_string(newest));
+  auto it = fences_.find(id);
+  if (it == fences_.end()) {
+    if (expires_unix_ms == 0) return OkStatus();  // a bound session's frame creates no fence
+    if (fences_.size() >= options_.max_fences) {
+      for (auto old = fences_.begin(); old != fences_.end();) {
+        old = old->second.expires_unix_ms <= now_unix_ms ? fences_.erase(old) : std::next(old);
+      }
+    }
+    if (fences_.size() >= options_.max_fences) {
+      return MakeError(Code::kResourceExhausted,
+                       "all " + std::to_string(options_.max_fences) + " epoch fences are held",
+                       /*retryable=*/true);
+    }
+    it = fences_.emplace(id, FenceEntry{epoch, expires_unix_ms}).first;
   }
-  newest = epoch;
-  for (auto it = sessions_.lower_bound({id, 0}); it != sessions_.end() && it->first.first == id &&
-                                                 it->first.second < epoch;) {
-    fenced->push_back({it->first, it->second.seq, it->second.tokens});
-    it = sessions_.erase(it);
+  FenceEntry& fence = it->second;
+  if (epoch < fence.newest_epoch) {
+    return MakeError(Code::kStaleEpoch, "epoch " + std::to_string(epoch) + " is fenced by " +
+                                            std::to_string(fence.newest_epoch));
+  }
+  fence.newest_epoch = epoch;
+  fence.expires_unix_ms = std::max(fence.expires_unix_ms, expires_unix_ms);
+  for (auto s = sessions_.lower_bound({id, 0}); s != sessions_.end() && s->first.first == id &&
+                                                s->first.second < epoch;) {
+    fenced->push_back({s->first, s->second.seq, s->second.tokens});
+    s = sessions_.erase(s);
   }
   return OkStatus();
 }
 
-Status SessionTable::Open(const SessionKey& key, Clock::time_point now, SessionInfo* info) {
+void SessionTable::PruneFences(uint64_t now_unix_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = fences_.begin(); it != fences_.end();) {
+    it = it->second.expires_unix_ms <= now_unix_ms ? fences_.erase(it) : std::next(it);
+  }
+}
+
+Status SessionTable::Open(const SessionKey& key, uint64_t stream, Clock::time_point now,
+                          SessionInfo* info) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(key);
   bool created = false;
+  if (it != sessions_.end() && it->second.stream != stream) {
+    return MakeError(Code::kPermissionDenied, "session is bound to another stream");
+  }
   if (it == sessions_.end()) {
     if (free_.empty()) {
       return MakeError(Code::kResourceExhausted,
@@ -42,6 +69,7 @@ Status SessionTable::Open(const SessionKey& key, Clock::time_point now, SessionI
     }
     Entry entry;
     entry.seq = free_.back();
+    entry.stream = stream;
     free_.pop_back();
     it = sessions_.emplace(key, std::move(entry)).first;
     created = true;
@@ -52,6 +80,13 @@ Status SessionTable::Open(const SessionKey& key, Clock::time_point now, SessionI
   info->last_step = it->second.last_step;
   info->created = created;
   return OkStatus();
+}
+
+std::optional<uint64_t> SessionTable::Stream(const SessionKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(key);
+  if (it == sessions_.end()) return std::nullopt;
+  return it->second.stream;
 }
 
 std::optional<protocol::SeamReply> SessionTable::Replay(const SessionKey& key, uint64_t step,
@@ -73,14 +108,24 @@ std::optional<protocol::SeamReply> SessionTable::Replay(const SessionKey& key, u
 
 void SessionTable::RecordStep(const SessionKey& key, uint64_t step,
                               const protocol::SeamReply& reply, uint64_t length,
-                              uint64_t tokens) {
+                              uint64_t tokens, bool decode) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(key);
-  if (it == sessions_.end()) return;  // ended while the step ran
+  if (it == sessions_.end()) return;  // ended while the step ran: its KV is gone, not counted
   it->second.last_step = step;
   it->second.last_reply = reply;
   it->second.length = length;
   it->second.tokens += tokens;
+  auto& [prefill, decoded] = untaken_[key];
+  (decode ? decoded : prefill) += tokens;
+}
+
+std::vector<SessionWork> SessionTable::TakeWork() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SessionWork> work;
+  for (const auto& [key, counts] : untaken_) work.push_back({key, counts.first, counts.second});
+  untaken_.clear();
+  return work;
 }
 
 std::optional<EndedSession> SessionTable::Remove(const SessionKey& key) {
@@ -116,6 +161,11 @@ int SessionTable::active() const {
 int SessionTable::free_seqs() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(free_.size());
+}
+
+int SessionTable::fence_entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(fences_.size());
 }
 
 std::map<SessionKey, uint64_t> SessionTable::TokenCounts() const {

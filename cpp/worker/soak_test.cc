@@ -1,6 +1,7 @@
-// Cancel/disconnect soak on a 2-hop chain (tiny F32 fixture, loopback gRPC): 200 cycles of
-// open, prefill a random prompt, decode a random number of steps, then at a random point CANCEL,
-// RELEASE, half-close the seam without a release, or drop both client streams (TryCancel). After
+// Cancel/disconnect soak on a 2-hop chain (tiny F32 fixture, loopback gRPC, a route ticket for
+// every session): 200 cycles of open, prefill a random prompt, decode a random number of steps,
+// then at a random point CANCEL, RELEASE, half-close the seam without a release, or drop both
+// client streams (TryCancel). After
 // each cycle both hops must show no session and no KV cell in use within 1 s, and the process
 // RSS after the last cycle must be within 5% of the RSS after cycle 10 (warm-up).
 #include <grpcpp/grpcpp.h>
@@ -49,20 +50,17 @@ TEST(SoakTest, CancelAtRandomPointsFreesKvAndKeepsRss) {
   // the worker binary would, so the 5% bound measures the service, not the allocator.
   mallopt(M_ARENA_MAX, 2);
   std::string path = test_support::WriteFixture("soak_test_tiny.gguf");
+  test_support::FakeTracker tracker;
   ServiceOptions service_options;
+  service_options.tracker_key = tracker.key.public_key();
   service_options.sessions.max_sessions = 2;
   service_options.results_grace = std::chrono::milliseconds(100);
   test_support::TestHop hop1(path, 0, 2, "hop-1", 2, service_options),
       hop2(path, 2, -1, "hop-2", 2, service_options);
   ASSERT_TRUE(hop1.server && hop2.server);
-  auto stub1 = pb::Shard::NewStub(
-      grpc::CreateChannel(hop1.address(), grpc::InsecureChannelCredentials()));
-  auto stub2 = pb::Shard::NewStub(
-      grpc::CreateChannel(hop2.address(), grpc::InsecureChannelCredentials()));
-  protocol::DownstreamHop next;
-  next.node_id = "hop-2";
-  next.address = hop2.address();
-  next.range = protocol::ShardRange{2, 4, 2};
+  const std::vector<const test_support::TestHop*> route = {&hop1, &hop2};
+  auto stub1 = hop1.NewStub();
+  auto stub2 = hop2.NewStub();
 
   std::mt19937 rng(20240607);
   auto uniform = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -84,9 +82,7 @@ TEST(SoakTest, CancelAtRandomPointsFreesKvAndKeepsRss) {
 
     grpc::ClientContext results_context;
     results_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    pb::ResultsRequest request;
-    protocol::ToProto(protocol::ResultsRequest{protocol::CurrentVersion(), session}, &request);
-    auto results = stub2->Results(&results_context, request);
+    auto results = stub2->Results(&results_context, tracker.Results(route, session));
     grpc::ClientContext seam_context;
     seam_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     auto seam = stub1->Seam(&seam_context);
@@ -110,7 +106,8 @@ TEST(SoakTest, CancelAtRandomPointsFreesKvAndKeepsRss) {
       sampling.seed = cycle;
     }
     step.sampling = sampling;
-    step.downstream = {next};
+    step.ticket = tracker.TicketFor(route, 0, session);
+    step.downstream = tracker.Downstream(route, session);
 
     // Prefill, then `cut` decode steps, each awaited (reply and token).
     uint64_t length = 0;

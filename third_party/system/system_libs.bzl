@@ -1,7 +1,7 @@
-"""Repository rule @system_libs: gRPC C++, protobuf and googletest from the host.
+"""Repository rule @system_libs: gRPC C++, protobuf, googletest and OpenSSL from the host.
 
-tools/bazel installs them (Debian: libgrpc++-dev, libprotobuf-dev, libgtest-dev) or `nix develop`
-provides them. The link flags come from pkg-config, because Debian's abseil symbols live in an
+tools/bazel installs them (Debian: libgrpc++-dev, libprotobuf-dev, libgtest-dev, libssl-dev) or
+`nix develop` provides them. The link flags come from pkg-config, because Debian's abseil symbols live in an
 inline namespace that bare `-lgrpc++` misses. Fails with a clear message when a library is absent.
 """
 
@@ -26,6 +26,8 @@ def _system_libs_impl(rctx):
     grpc_libs = _pkg_config(rctx, ["--libs", "grpc++", "protobuf"], "grpc++ and protobuf")
     gtest_libs = _pkg_config(rctx, ["--libs", "gtest"], "googletest")
     gtest_main_libs = _pkg_config(rctx, ["--libs", "gtest_main"], "googletest main")
+    crypto_cflags = _pkg_config(rctx, ["--cflags", "libcrypto"], "OpenSSL libcrypto")
+    crypto_libs = _pkg_config(rctx, ["--libs", "libcrypto"], "OpenSSL libcrypto")
     protoc = _which(rctx, "protoc")
     plugin = _which(rctx, "grpc_cpp_plugin")
     rctx.symlink(protoc, "bin/protoc")
@@ -58,12 +60,20 @@ cc_library(
     linkopts = {gtest_main_libs},
     deps = [":gtest"],
 )
+
+cc_library(
+    name = "openssl",
+    copts = {crypto_cflags},
+    linkopts = {crypto_libs},
+)
 """.format(
         version = version,
         grpc_cflags = _starlark_list(grpc_cflags),
         grpc_libs = _starlark_list(grpc_libs),
         gtest_libs = _starlark_list(gtest_libs),
         gtest_main_libs = _starlark_list(gtest_main_libs),
+        crypto_cflags = _starlark_list(crypto_cflags),
+        crypto_libs = _starlark_list(crypto_libs),
     ))
 
 system_libs = repository_rule(

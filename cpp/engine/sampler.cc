@@ -1,0 +1,50 @@
+#include "cpp/engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "llama.h"
+
+namespace meshnet::engine {
+
+Sampler::Sampler(const protocol::SamplingParams& params) : params_(params) {
+  chain_ = llama_sampler_chain_init(llama_sampler_chain_default_params());
+  if (params.temperature <= 0) {
+    llama_sampler_chain_add(chain_, llama_sampler_init_greedy());
+    return;
+  }
+  if (params.top_k > 0) llama_sampler_chain_add(chain_, llama_sampler_init_top_k(params.top_k));
+  if (params.top_p > 0 && params.top_p < 1) {
+    llama_sampler_chain_add(chain_, llama_sampler_init_top_p(params.top_p, 1));
+  }
+  llama_sampler_chain_add(chain_, llama_sampler_init_temp(params.temperature));
+  llama_sampler_chain_add(chain_, llama_sampler_init_dist(static_cast<uint32_t>(params.seed)));
+}
+
+Sampler::~Sampler() { llama_sampler_free(chain_); }
+
+protocol::SampledToken Sampler::Sample(const std::vector<float>& logits, uint64_t position) {
+  std::vector<llama_token_data> data(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    data[i] = {static_cast<llama_token>(i), logits[i], 0.0f};
+  }
+  llama_token_data_array array{data.data(), data.size(), -1, false};
+  llama_sampler_apply(chain_, &array);
+  protocol::SampledToken token;
+  token.token_id = static_cast<uint32_t>(array.data[array.selected].id);
+  token.position = position;
+  float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float logit : logits) sum += std::exp(double(logit) - max);
+  float log_z = max + static_cast<float>(std::log(sum));
+  token.logprob = logits[token.token_id] - log_z;
+  std::vector<uint32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(i);
+  size_t top = std::min<size_t>(params_.top_logprobs, ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + top, ids.end(),
+                    [&](uint32_t a, uint32_t b) { return logits[a] > logits[b]; });
+  for (size_t i = 0; i < top; ++i) token.top.push_back({ids[i], logits[ids[i]] - log_z});
+  return token;
+}
+
+}  // namespace meshnet::engine

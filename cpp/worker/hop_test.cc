@@ -1,0 +1,152 @@
+// Hop admission as pure decisions (ADR 0003): each check's exact code, in isolation from
+// streams and the model.
+#include "cpp/worker/hop.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "cpp/protocol/ticket_signer_for_tests.h"
+
+namespace meshnet::worker {
+namespace {
+
+using protocol::Code;
+
+constexpr uint64_t kNow = 1'800'000'000'000;
+
+struct Fixture {
+  protocol::FakeSigner tracker;
+  HopIdentity hop;
+  protocol::RouteSession session{"s", 4};
+  Fixture() {
+    hop.node_id = "n-mid";
+    hop.layer_start = 2;
+    hop.layer_end = 4;
+    hop.tracker_key = tracker.public_key();
+  }
+  protocol::Ticket Body() const {
+    protocol::Ticket body;
+    body.session_id = "s";
+    body.epoch = 4;
+    body.node_id = "n-mid";
+    body.range = protocol::ShardRange{2, 4, 3};
+    body.downstream_node_id = "n-last";
+    body.downstream_address = "10.0.0.2:7000";
+    body.downstream_tls_certificate = "PEM";
+    body.expires_unix_ms = kNow + 1000;
+    return body;
+  }
+  Code Check(const protocol::Ticket& body) const {
+    protocol::Ticket out;
+    return CheckTicket(tracker.SignTicket(body), session, hop, kNow, &out).code;
+  }
+};
+
+TEST(HopTest, FrameHeader) {
+  protocol::SeamFrame frame;
+  EXPECT_EQ(CheckFrameHeader(frame).code, Code::kInvalidArgument);
+  frame.version = protocol::ProtocolVersion{2, 0};
+  EXPECT_EQ(CheckFrameHeader(frame).code, Code::kVersionMismatch);
+  frame.version = protocol::CurrentVersion();
+  EXPECT_EQ(CheckFrameHeader(frame).code, Code::kInvalidArgument);
+  frame.session = protocol::RouteSession{std::string(64, 'x'), 1};
+  EXPECT_TRUE(CheckFrameHeader(frame).ok());
+  frame.session->session_id += "x";
+  EXPECT_EQ(CheckFrameHeader(frame).code, Code::kInvalidArgument);
+}
+
+TEST(HopTest, TicketFields) {
+  Fixture f;
+  EXPECT_EQ(f.Check(f.Body()), Code::kOk);
+  protocol::Ticket out;
+  EXPECT_EQ(CheckTicket(std::nullopt, f.session, f.hop, kNow, &out).code, Code::kUnauthenticated);
+  protocol::FakeSigner forger;
+  EXPECT_EQ(CheckTicket(forger.SignTicket(f.Body()), f.session, f.hop, kNow, &out).code,
+            Code::kUnauthenticated);
+  auto with = [&](auto mutate) {
+    protocol::Ticket body = f.Body();
+    mutate(body);
+    return f.Check(body);
+  };
+  EXPECT_EQ(with([](auto& b) { b.session_id = "other"; }), Code::kPermissionDenied);
+  EXPECT_EQ(with([](auto& b) { b.epoch = 5; }), Code::kPermissionDenied);
+  EXPECT_EQ(with([](auto& b) { b.node_id = "n-other"; }), Code::kPermissionDenied);
+  EXPECT_EQ(with([](auto& b) { b.range.layer_start = 1; }), Code::kPermissionDenied);
+  EXPECT_EQ(with([](auto& b) { b.range.layer_end = 5; }), Code::kPermissionDenied);
+  EXPECT_EQ(with([](auto& b) { b.expires_unix_ms = kNow; }), Code::kPermissionDenied);
+  EXPECT_EQ(with([](auto& b) { b.range.effective_start = 2; }), Code::kOk);
+}
+
+TEST(HopTest, DownstreamMustBeTheTicketsOwn) {
+  Fixture f;
+  protocol::Ticket body = f.Body();
+  protocol::DownstreamHop next;
+  next.node_id = "n-last";
+  next.address = "10.0.0.2:7000";
+  EXPECT_TRUE(CheckDownstream(body, {next}, false, true).ok());
+  EXPECT_EQ(CheckDownstream(body, {}, false, true).code, Code::kInvalidArgument);
+  protocol::DownstreamHop elsewhere = next;
+  elsewhere.address = "10.6.6.6:7000";
+  EXPECT_EQ(CheckDownstream(body, {elsewhere}, false, true).code, Code::kPermissionDenied);
+  elsewhere = next;
+  elsewhere.node_id = "n-evil";
+  EXPECT_EQ(CheckDownstream(body, {elsewhere}, false, true).code, Code::kPermissionDenied);
+  body.downstream_tls_certificate.clear();
+  EXPECT_EQ(CheckDownstream(body, {next}, false, true).code, Code::kPermissionDenied);
+  EXPECT_TRUE(CheckDownstream(body, {next}, false, false).ok());  // --insecure: no pin
+  protocol::Ticket last = f.Body();
+  last.downstream_node_id.clear();
+  last.downstream_address.clear();
+  EXPECT_TRUE(CheckDownstream(last, {}, true, true).ok());
+  EXPECT_EQ(CheckDownstream(last, {next}, true, true).code, Code::kPermissionDenied);
+  EXPECT_EQ(CheckDownstream(last, {}, false, true).code, Code::kPermissionDenied);
+}
+
+TEST(HopTest, ResultsRequestNeedsTicketAndClientSignature) {
+  Fixture f;
+  f.hop.last = true;
+  protocol::FakeSigner client, stranger;
+  protocol::Ticket body = f.Body();
+  body.downstream_node_id.clear();
+  body.client_public_key = client.public_key_bytes();
+  protocol::ResultsRequest request;
+  request.version = protocol::CurrentVersion();
+  request.session = f.session;
+  protocol::Ticket out;
+  EXPECT_EQ(CheckResultsRequest(request, f.hop, kNow, &out).code, Code::kUnauthenticated);
+  request.ticket = f.tracker.SignTicket(body);
+  EXPECT_EQ(CheckResultsRequest(request, f.hop, kNow, &out).code, Code::kPermissionDenied);
+  request.client_signature = stranger.SignResults(*request.ticket);
+  EXPECT_EQ(CheckResultsRequest(request, f.hop, kNow, &out).code, Code::kPermissionDenied);
+  request.client_signature = client.SignResults(*request.ticket);
+  EXPECT_TRUE(CheckResultsRequest(request, f.hop, kNow, &out).ok());
+  request.session->epoch = 5;
+  EXPECT_EQ(CheckResultsRequest(request, f.hop, kNow, &out).code, Code::kPermissionDenied);
+}
+
+TEST(HopTest, StepLimitsBoundTheBundle) {
+  EXPECT_EQ(StepLimits(1, 32, false).max_bundle_bytes, 128u);
+  EXPECT_EQ(StepLimits(3, 32, false).max_bundle_bytes, 384u);
+  EXPECT_GT(StepLimits(1, 32, true).max_bundle_bytes, 128u);
+  EXPECT_LT(StepLimits(1, 32, true).max_bundle_bytes, 256u);
+  protocol::TensorFragment fragment;
+  fragment.header = protocol::BundleHeader();
+  fragment.header->compression = protocol::Compression::kZlib;
+  EXPECT_EQ(CheckFragment(fragment, false).code, Code::kInvalidArgument);
+  EXPECT_TRUE(CheckFragment(fragment, true).ok());
+}
+
+TEST(HopTest, NonFiniteActivationsAreRefused) {
+  EXPECT_TRUE(CheckFinite({0.0f, -1.0f, 3.5f}, 3).ok());
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    protocol::Status status = CheckFinite({0.0f, 1.0f, 2.0f, bad}, 2);
+    EXPECT_EQ(status.code, Code::kInvalidArgument);
+    EXPECT_NE(status.message.find("row 1, column 1"), std::string::npos) << status.message;
+  }
+}
+
+}  // namespace
+}  // namespace meshnet::worker
