@@ -10,7 +10,6 @@ ticket key; `Stream` is one raw Seam stream; `HonestSession` is a well-behaved c
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import subprocess
@@ -24,6 +23,7 @@ import grpc
 
 from meshnet.identity import tickets, tls
 from meshnet.identity.keys import Identity
+from meshnet.process import listening_port
 from meshnet.protocol import seam
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import seam as t
@@ -66,30 +66,13 @@ class HopProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.log = workdir / f"{name}.log"
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(self.log, "ab"), text=True, env=env)
-        self.port = self._read_port(timeout=180)
-        self.address = f"127.0.0.1:{self.port}"
-        self.channel = tls.pinned_channel(self.address, cert)
-
-    def _read_port(self, timeout: float) -> int:
-        found: dict = {}
-
-        def read() -> None:
-            for line in self.proc.stdout:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") == "listening":
-                    found["port"] = int(event["port"])
-                    return
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if "port" not in found:
+        port = listening_port(self.proc, timeout=180)
+        if port is None:
             self.stop()
             raise RuntimeError(f"{self.backend} hop did not start: {self.log.read_text()[-3000:]}")
-        return found["port"]
+        self.port = port
+        self.address = f"127.0.0.1:{self.port}"
+        self.channel = tls.pinned_channel(self.address, cert)
 
     def health(self) -> shard_pb2.HealthReply:
         return shard_pb2_grpc.ShardStub(self.channel).Health(shard_pb2.HealthRequest(), timeout=10)

@@ -1,11 +1,13 @@
 """Process plumbing shared by every role's main(): JSON-line logs, role tokens, the port file
-that tells a launcher where a server listens, and a stop event set by SIGTERM/SIGINT."""
+that tells a launcher where a server listens, the "listening" line shard processes print, and a
+stop event set by SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -30,6 +32,27 @@ def write_port_file(path: Optional[Path], port: int) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(str(port))
     tmp.replace(path)
+
+
+def listening_port(proc: "subprocess.Popen", timeout: float) -> Optional[int]:
+    """The port from a child's {"event": "listening", "port": N} stdout line (cpp/worker and
+    meshnet.reference.main print one once serving), or None if none came within `timeout`."""
+    found: dict[str, int] = {}
+
+    def read() -> None:
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("event") == "listening":
+                found["port"] = int(event["port"])
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found.get("port")
 
 
 def stop_on_signals() -> threading.Event:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import time
 from typing import Iterable, Optional
 
@@ -21,6 +22,11 @@ SIGNATURE_METADATA = "x-meshnet-signature"
 TOKEN_METADATA = "authorization"
 RPC_DOMAIN = b"meshnet-rpc-v1\0"
 MAX_SKEW_MS = 120_000
+# A shard's TakeWork (its ledger counters) answers only its own node: the node makes a random
+# token at start, hands it to the shard (the worker reads it from this environment variable,
+# never argv) and sends it in this metadata.
+SUPERVISOR_METADATA = "x-meshnet-supervisor"
+SUPERVISOR_ENV = "MESHNET_SUPERVISOR_TOKEN"
 
 
 class RequestAuthError(Exception):
@@ -56,6 +62,12 @@ def verify_request(metadata: Iterable[tuple[str, str]], method: str, request_byt
     if not verify(key, signature, _message(method, unix_ms, request_bytes)):
         raise RequestAuthError("request signature does not verify")
     return key
+
+
+def is_supervisor(metadata: Iterable[tuple[str, str]], token: str) -> bool:
+    """True when the call carries the shard's supervisor token (never when none is set)."""
+    given = dict(metadata).get(SUPERVISOR_METADATA, "")
+    return bool(token) and hmac.compare_digest(given.encode(), token.encode())
 
 
 def bearer_token(metadata: Iterable[tuple[str, str]]) -> str:

@@ -59,6 +59,18 @@ def server_credentials(cert_pem: bytes, key_pem: bytes) -> grpc.ServerCredential
     return grpc.ssl_server_credentials([(key_pem, cert_pem)])
 
 
+def bind(server: grpc.Server, listen: str, tls: Optional[tuple[bytes, bytes]]) -> int:
+    """Adds `listen` to `server`, TLS with (certificate PEM, key PEM) or plaintext when `tls` is
+    None (--insecure); returns the bound port, OSError when it cannot listen."""
+    if tls is not None:
+        port = server.add_secure_port(listen, server_credentials(*tls))
+    else:
+        port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return port
+
+
 def channel_options(cert_pem: Optional[bytes], name: str = NODE_TLS_NAME) -> list[tuple[str, object]]:
     options: list[tuple[str, object]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]

@@ -7,6 +7,7 @@ shard's address, its live-session count and heartbeat telemetry. Main thread onl
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Optional, Protocol
 
@@ -46,13 +47,14 @@ class ReferenceBackend:
 
         self.engine = ReferenceEngine(ShardModel(load_model(gguf), *layers), max_sessions, max_kv_tokens)
         self.node_id = node_id
+        self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this node
         self._server, port = serve_shard(self.engine, node_id, fingerprints, tracker_key, listen, tls,
-                                         idle_seconds=idle_seconds)
+                                         idle_seconds=idle_seconds, supervisor_token=self._supervisor_token)
         self._address = f"{listen.rsplit(':', 1)[0]}:{port}"
         self._channel = pinned_channel(self._address, tls[0] if tls else None)
 
     def take_work(self) -> tuple[tt.WorkEntry, ...]:
-        return take_work(self._channel)
+        return take_work(self._channel, self._supervisor_token)
 
     @property
     def address(self) -> str:

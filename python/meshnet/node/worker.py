@@ -9,16 +9,18 @@ Invariant: stop() leaves no worker process behind (SIGTERM, then SIGKILL after a
 
 from __future__ import annotations
 
-import json
+import os
+import secrets
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Optional
 
 import grpc
 
+from meshnet.identity.requests import SUPERVISOR_ENV, SUPERVISOR_METADATA
 from meshnet.identity.tls import pinned_channel
+from meshnet.process import listening_port
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import tracker as tt
 from meshnet.types.seam import RouteSession
@@ -28,9 +30,10 @@ class WorkerError(RuntimeError):
     pass
 
 
-def take_work(channel: grpc.Channel) -> tuple[tt.WorkEntry, ...]:
-    """Tokens processed per session since the last call, taken from a shard service."""
-    reply = shard_pb2_grpc.ShardStub(channel).TakeWork(shard_pb2.TakeWorkRequest(), timeout=5)
+def take_work(channel: grpc.Channel, supervisor_token: str) -> tuple[tt.WorkEntry, ...]:
+    """Tokens processed per session since the last call, taken from this node's shard service."""
+    reply = shard_pb2_grpc.ShardStub(channel).TakeWork(shard_pb2.TakeWorkRequest(), timeout=5,
+                                                       metadata=((SUPERVISOR_METADATA, supervisor_token),))
     return tuple(tt.WorkEntry(RouteSession(w.session.session_id, w.session.epoch), w.prefill_tokens, w.decode_tokens)
                  for w in reply.work)
 
@@ -47,6 +50,7 @@ class WorkerProcess:
                      f"--node_id={node_id}", f"--tracker_key={tracker_key.hex()}"]
         self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]
         self._cert = tls[0].read_bytes() if tls else None
+        self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this process
         self._host = host
         self._log = log
         self.n_ctx = n_ctx
@@ -60,27 +64,14 @@ class WorkerProcess:
 
     def start(self, timeout: float = 120.0) -> "WorkerProcess":
         stderr = open(self._log, "ab") if self._log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
-        ready: dict = {}
-
-        def read_port() -> None:
-            for line in self.proc.stdout:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") == "listening":
-                    ready["port"] = int(event["port"])
-                    return
-
-        reader = threading.Thread(target=read_port, daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if "port" not in ready:
+        env = dict(os.environ, **{SUPERVISOR_ENV: self._supervisor_token})
+        self.proc = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        port = listening_port(self.proc, timeout)
+        if port is None:
             code = self.proc.poll()
             self.stop()
             raise WorkerError(f"worker did not start listening within {timeout:.0f}s (exit {code}); see {self._log}")
-        self.port = ready["port"]
+        self.port = port
         self._channel = pinned_channel(self.address, self._cert)
         deadline = time.monotonic() + timeout
         while True:
@@ -106,7 +97,7 @@ class WorkerProcess:
                        kv_cells_total=h.kv_cells_total)
 
     def take_work(self) -> tuple[tt.WorkEntry, ...]:
-        return take_work(self._channel)
+        return take_work(self._channel, self._supervisor_token)
 
     def stop(self, grace: float = 10.0) -> None:
         if self._channel is not None:

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from meshnet.identity import tickets
-from meshnet.identity.tls import MAX_MESSAGE_BYTES, pinned_channel, server_credentials
+from meshnet.identity.requests import is_supervisor
+from meshnet.identity.tls import MAX_MESSAGE_BYTES, bind, pinned_channel
 from meshnet.protocol import bundle, diag, seam, tensors
 from meshnet.protocol.errors import ProtocolError, exhausted, invalid
 from meshnet.reference.model import ReferenceEngine
@@ -102,11 +103,12 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
     def __init__(self, engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints] = None,
                  idle_seconds: float = 300.0, *, tracker_key: bytes, layers: Optional[tuple[int, int]] = None,
                  compression: bool = False, auth_grace_seconds: float = 10.0, insecure: bool = False,
-                 max_fences: int = 4096, results_grace_seconds: float = 10.0) -> None:
+                 max_fences: int = 4096, results_grace_seconds: float = 10.0, supervisor_token: str = "") -> None:
         self.engine = engine
         self.node_id = node_id
         self.fingerprints = fingerprints
         self.compression = compression  # zlib bundles are accepted (and advertised) only when True
+        self.supervisor_token = supervisor_token  # TakeWork needs it ("" refuses every caller)
         self.auth_grace_seconds = auth_grace_seconds  # a Seam stream without a valid ticket by then ends
         self.layers = layers if layers is not None else (engine.shard.start, engine.shard.end)
         self.n_embd = engine.shard.config.hidden_size
@@ -142,7 +144,10 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         return seam.to_proto(seam.negotiate(seam.from_proto(request), self.node_id, features))
 
     def TakeWork(self, request, context):  # noqa: N802
-        """Returns and resets the tokens processed per session (the node reports them)."""
+        """Returns and resets the tokens processed per session (the node reports them); only for
+        the node's supervisor, which proves itself with the token it gave this server."""
+        if not is_supervisor(context.invocation_metadata() or (), self.supervisor_token):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "TakeWork answers only this node's supervisor")
         reply = shard_pb2.TakeWorkReply()
         for (sid, epoch), (prefill, decode) in sorted(self.table.take_work().items()):
             reply.work.add(session=shard_pb2.RouteSession(session_id=sid, epoch=epoch), prefill_tokens=prefill,
@@ -381,12 +386,7 @@ def serve(shard: ShardServer, listen: str, tls: Optional[tuple[bytes, bytes]] = 
                          options=options)
     shard_pb2_grpc.add_ShardServicer_to_server(shard, server)
     diag.add_to_server(server, shard.node_id)
-    if tls is not None:
-        port = server.add_secure_port(listen, server_credentials(*tls))
-    else:
-        port = server.add_insecure_port(listen)
-    if port == 0:
-        raise RuntimeError(f"could not listen on {listen}")
+    port = bind(server, listen, tls)
     server.start()
     return server, port
 
@@ -394,8 +394,10 @@ def serve(shard: ShardServer, listen: str, tls: Optional[tuple[bytes, bytes]] = 
 def serve_shard(engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints], tracker_key: bytes,
                 listen: str, tls: Optional[tuple[bytes, bytes]] = None, *, layers: Optional[tuple[int, int]] = None,
                 compression: bool = False, idle_seconds: float = 300.0, auth_grace_seconds: float = 10.0,
-                max_workers: Optional[int] = None, max_concurrent_streams: Optional[int] = None) -> tuple[grpc.Server, int]:
+                max_workers: Optional[int] = None, max_concurrent_streams: Optional[int] = None,
+                supervisor_token: str = "") -> tuple[grpc.Server, int]:
     """A ShardServer for `engine` served by `serve`; plaintext downstream links only when `tls` is None."""
     shard = ShardServer(engine, node_id, fingerprints, idle_seconds, tracker_key=tracker_key, layers=layers,
-                        compression=compression, auth_grace_seconds=auth_grace_seconds, insecure=tls is None)
+                        compression=compression, auth_grace_seconds=auth_grace_seconds, insecure=tls is None,
+                        supervisor_token=supervisor_token)
     return serve(shard, listen, tls, max_workers=max_workers, max_concurrent_streams=max_concurrent_streams)

@@ -19,6 +19,7 @@ import torch
 
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
+from meshnet.identity.requests import SUPERVISOR_METADATA
 from meshnet.identity.tls import node_certificate, pinned_channel
 from meshnet.protocol import bundle, seam, tensors
 from meshnet.reference.server import HIDDEN, ShardServer, serve
@@ -28,6 +29,7 @@ from meshnet.types.status import StatusCode
 
 TRACKER = Identity.generate()
 CLIENT = Identity.generate()
+SUPERVISOR = "supervisor-token-of-this-test"
 N_LAYER, N_EMBD, VOCAB = 4, 4, 16
 
 
@@ -76,7 +78,8 @@ class Node:
 def start_node(node_id: str, layers=(0, N_LAYER), tls: bool = False, **options) -> Node:
     engine = FakeEngine(layers)
     cert = node_certificate() if tls else None
-    shard = ShardServer(engine, node_id, tracker_key=TRACKER.public_key, insecure=not tls, **options)
+    shard = ShardServer(engine, node_id, tracker_key=TRACKER.public_key, insecure=not tls,
+                        supervisor_token=SUPERVISOR, **options)
     server, port = serve(shard, "127.0.0.1:0", cert, max_workers=32)
     address = f"127.0.0.1:{port}"
     channel = pinned_channel(address, cert[0] if cert else None)
@@ -184,10 +187,15 @@ def test_steps_results_replay_and_fencing(nodes):
     replay = stream.send(frame(s1, 1, tokens=(1, 2, 3)))
     assert replay.replayed and replay.cache.length == 3 and engine.steps == 1  # answered, not recomputed
     assert stream.send(frame(s1, 2, t.Phase.DECODE, 3, (4,))).cache.length == 4  # bound: no ticket needed
-    work = node.stub.TakeWork(shard_pb2.TakeWorkRequest())
+    for intruder in ((), ((SUPERVISOR_METADATA, "guess"),)):  # only the node's supervisor takes the counters
+        with pytest.raises(grpc.RpcError) as err:
+            node.stub.TakeWork(shard_pb2.TakeWorkRequest(), metadata=intruder)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    supervisor = ((SUPERVISOR_METADATA, SUPERVISOR),)
+    work = node.stub.TakeWork(shard_pb2.TakeWorkRequest(), metadata=supervisor)
     assert [(w.session.session_id, w.session.epoch, w.prefill_tokens, w.decode_tokens) for w in work.work] == \
         [("s", 1, 3, 1)]  # the replayed step is not counted twice
-    assert not node.stub.TakeWork(shard_pb2.TakeWorkRequest()).work  # taken means reset
+    assert not node.stub.TakeWork(shard_pb2.TakeWorkRequest(), metadata=supervisor).work  # taken means reset
     assert stream.send(frame(s1, 1, tokens=(9,))).status.code == StatusCode.INVALID_ARGUMENT  # older step
     s2 = t.RouteSession("s", 2)
     newer = Stream(node)

@@ -13,13 +13,14 @@ integer overflow: each row is at most MAX_EXPECTED_TOKENS). Thread-safe (one loc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from meshnet.types.status import StatusCode
 from meshnet.types.tracker import WorkEntry
@@ -78,19 +79,25 @@ class Ledger:
             raise SystemExit(f"ledger {path} predates issued triples (ADR 0003); move it aside to start a new one")
         self._db.executescript(_SCHEMA)
 
-    def issue(self, triples: Iterable[tuple[str, int, str]], max_tokens: int) -> None:
-        """Records that each (session id, epoch, node id) may report up to `max_tokens`."""
-        now = time.time()
-        rows = [(session_id, epoch, node, max_tokens, now) for session_id, epoch, node in triples]
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """The lock and one write transaction: committed (durably) on success, rolled back on error."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany("INSERT OR IGNORE INTO issued (session_id, epoch, node_id, max_tokens, issued_at) "
-                                     "VALUES (?, ?, ?, ?, ?)", rows)
+                yield
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def issue(self, triples: Iterable[tuple[str, int, str]], max_tokens: int) -> None:
+        """Records that each (session id, epoch, node id) may report up to `max_tokens`."""
+        now = time.time()
+        rows = [(session_id, epoch, node, max_tokens, now) for session_id, epoch, node in triples]
+        with self._transaction():
+            self._db.executemany("INSERT OR IGNORE INTO issued (session_id, epoch, node_id, max_tokens, issued_at) "
+                                 "VALUES (?, ?, ?, ?, ?)", rows)
 
     def record(self, node_id: str, report_id: int, entries: Sequence[WorkEntry]) -> int:
         """Counts `entries` in one committed transaction and returns how many; 0 for a report
@@ -99,20 +106,13 @@ class Ledger:
         if not 0 < report_id <= MAX_REPORT_ID:
             raise WorkRefused(StatusCode.INVALID_ARGUMENT, f"report_id must be in 1..{MAX_REPORT_ID}")
         now = time.time()
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                if self._db.execute("SELECT 1 FROM work WHERE node_id = ? AND report_id = ? LIMIT 1",
-                                    (node_id, report_id)).fetchone():
-                    self._db.execute("COMMIT")
-                    return 0
-                rows = [self._checked_row(node_id, report_id, e, now) for e in entries]
-                self._db.executemany("INSERT INTO work (node_id, report_id, session_id, epoch, prefill_tokens, "
-                                     "decode_tokens, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._transaction():
+            if self._db.execute("SELECT 1 FROM work WHERE node_id = ? AND report_id = ? LIMIT 1",
+                                (node_id, report_id)).fetchone():
+                return 0
+            rows = [self._checked_row(node_id, report_id, e, now) for e in entries]
+            self._db.executemany("INSERT INTO work (node_id, report_id, session_id, epoch, prefill_tokens, "
+                                 "decode_tokens, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
         return len(rows)
 
     def _checked_row(self, node_id: str, report_id: int, e: WorkEntry, now: float) -> tuple:

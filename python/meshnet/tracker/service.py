@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Optional
 import grpc
 
 from meshnet.identity import keys, requests
+from meshnet.identity import tls as tls_material
 from meshnet.identity import tickets as route_tickets
 from meshnet.identity.keys import Identity
 from meshnet.process import log
@@ -210,11 +211,6 @@ def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          maximum_concurrent_rpcs=max_workers * 8)
     tracker_pb2_grpc.add_TrackerServicer_to_server(service, server)
-    if tls is not None:
-        port = server.add_secure_port(listen, grpc.ssl_server_credentials([(tls[1], tls[0])]))
-    else:
-        port = server.add_insecure_port(listen)
-    if port == 0:
-        raise OSError(f"cannot listen on {listen}")
+    port = tls_material.bind(server, listen, tls)
     server.start()
     return server, port
