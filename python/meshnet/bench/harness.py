@@ -350,7 +350,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64, help="new tokens per stream (64 to 256)")
     p.add_argument("--threads", type=int, default=1, help="compute threads of every process (see the module doc)")
     p.add_argument("--k", type=int, default=3, help="processes in the split lanes")
-    p.add_argument("--lanes", default=",".join(LANES))
+    p.add_argument("--lanes", default=",".join(LANES), help="which lanes, run in this order")
     p.add_argument("--no-runtime-only", action="store_true", help="skip the F32 runtime-only comparison")
     p.add_argument("--runtime-prompts", default="128")
     p.add_argument("--runtime-concurrency", default="1,8")
@@ -379,7 +379,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = (args.out or workspace / "bench-out" / stamp).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    names = [n for n in LANES if n in args.lanes.split(",")]
+    names = list(dict.fromkeys(args.lanes.split(",")))  # in the order given (lanes run one after another)
     runtime_names = [] if args.no_runtime_only else [n for n in RUNTIME_ONLY if n in names]
     progress = Progress(len(names) + len(runtime_names))
     started, t0 = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
