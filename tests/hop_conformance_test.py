@@ -159,6 +159,18 @@ def maximum_epoch(chain, honest):
     s.close()
 
 
+def newer_epoch_fences_the_older(chain, honest):
+    """The tracker moved a session on (failover): the newer epoch's valid ticket, even on a
+    RELEASE from another stream, fences the older epoch, which is STALE_EPOCH from then on."""
+    s1, s2, s3 = (Stream(chain.a.channel) for _ in range(3))
+    old, new = rs("rs-moved", 1), rs("rs-moved", 2)
+    assert code(s1.ask(prefill(chain, old, PROMPT))) == StatusCode.OK
+    assert code(s2.ask(control(new, t.Phase.RELEASE, chain.ticket(chain.a, new)))) == StatusCode.OK
+    assert code(s3.ask(prefill(chain, old, PROMPT))) == StatusCode.STALE_EPOCH  # its own valid ticket
+    for s in (s1, s2, s3):
+        s.close()
+
+
 def ten_thousand_session_ids(chain, honest):
     hop = chain.a
     s = Stream(hop.channel)
@@ -253,7 +265,7 @@ def plaintext_connection(chain, honest):
 
 CASES = [no_ticket, forged_signature, ticket_for_another_session, ticket_for_another_node, ticket_for_another_epoch,
          ticket_for_another_range, expired_ticket, second_results_reader, foreign_release_and_cancel, maximum_epoch,
-         ten_thousand_session_ids, announced_256_mib, compression_bomb, six_hundred_streams, downstream_not_in_ticket,
+         newer_epoch_fences_the_older, ten_thousand_session_ids, announced_256_mib, compression_bomb, six_hundred_streams, downstream_not_in_ticket,
          nan_activations, plaintext_connection]
 
 

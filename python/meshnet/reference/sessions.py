@@ -108,8 +108,9 @@ class SessionTable:
               opens: bool, downstream: tuple[t.DownstreamHop, ...] = (),
               make_state: Callable[[], object] = lambda: None) -> Admission:
         """ADR 0003 steps 2-5 for a frame of `route` on `stream` naming `downstream`; `opens`
-        for PREFILL/DECODE (RELEASE/CANCEL of an unknown session is an OK no-op and creates
-        nothing). A session created here gets `make_state()` as its state."""
+        for PREFILL/DECODE (RELEASE/CANCEL of an unknown session creates no session, but its
+        valid ticket still raises the epoch fence, as in the worker). A session created here gets
+        `make_state()` as its state."""
         key = (route.session_id, route.epoch)
         options = self.options
         with self._lock:
@@ -144,10 +145,8 @@ class SessionTable:
             if session.stream is not stream:
                 return Admission(_error(StatusCode.PERMISSION_DENIED, "the session is bound to another stream"))
             return Admission(OK, session)
-        if not opens:
-            return Admission(OK)
         older = [k for k in self._sessions if k[0] == sid and k[1] < epoch]
-        if len(self._sessions) - len(older) >= self.options.max_sessions:
+        if opens and len(self._sessions) - len(older) >= self.options.max_sessions:
             return Admission(_error(StatusCode.RESOURCE_EXHAUSTED,
                                     f"all {self.options.max_sessions} session slots are in use", True))
         if fence is None and len(self._fences) >= self.options.max_fences:
@@ -162,6 +161,8 @@ class SessionTable:
         fenced = tuple(self._sessions.pop(k) for k in older)
         for old in fenced:
             self._remember_fenced(old)
+        if not opens:  # a RELEASE/CANCEL of a newer epoch fences too, and creates no session
+            return Admission(OK, fenced=fenced)
         session = Session(key, stream, body, self._clock(), state=make_state())
         self._sessions[key] = session
         return Admission(OK, session, created=True, fenced=fenced)

@@ -36,7 +36,7 @@ def route(sid="s", epoch=1) -> t.RouteSession:
     return t.RouteSession(sid, epoch)
 
 
-A, B = object(), object()  # two streams
+A, B, C = object(), object(), object()  # three streams
 
 
 def test_a_session_needs_a_valid_ticket_and_then_its_stream():
@@ -57,11 +57,13 @@ def test_a_session_needs_a_valid_ticket_and_then_its_stream():
     assert sessions.count() == 1
 
 
-def test_release_of_an_unknown_session_is_a_no_op():
+def test_release_of_an_unknown_session_creates_no_session_but_raises_the_fence():
     sessions = table(Clocks())
-    released = sessions.admit(route(), ticket(), A, opens=False)
-    assert released.status.ok and released.session is None
-    assert sessions.count() == 0 and sessions.fence_count() == 0
+    old = sessions.admit(route(epoch=1), ticket(epoch=1), A, True).session
+    released = sessions.admit(route(epoch=2), ticket(epoch=2), B, opens=False)
+    assert released.status.ok and released.session is None and released.fenced == (old,)
+    assert sessions.count() == 0 and sessions.fence_count() == 1
+    assert sessions.admit(route(epoch=1), ticket(epoch=1), C, True).status.code == StatusCode.STALE_EPOCH
 
 
 def test_a_newer_epoch_proven_by_its_ticket_fences_older_ones():
