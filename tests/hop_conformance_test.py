@@ -167,6 +167,9 @@ def newer_epoch_fences_the_older(chain, honest):
     assert code(s1.ask(prefill(chain, old, PROMPT))) == StatusCode.OK
     assert code(s2.ask(control(new, t.Phase.RELEASE, chain.ticket(chain.a, new)))) == StatusCode.OK
     assert code(s3.ask(prefill(chain, old, PROMPT))) == StatusCode.STALE_EPOCH  # its own valid ticket
+    decode = t.SeamFrame(V, old, t.Phase.DECODE, 2, span=t.TokenSpan(len(PROMPT), 1), token_ids=(PROMPT[0],),
+                         expected_cache=t.CacheState(len(PROMPT)))
+    assert code(s1.ask(decode)) == StatusCode.STALE_EPOCH  # and its own stream is told so
     for s in (s1, s2, s3):
         s.close()
 

@@ -309,6 +309,10 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
   const std::optional<uint64_t> holder = table_.Stream(key);
   const bool bound = holder == stream->id;
   protocol::Ticket ticket;
+  if (!bound && table_.FencedOn(key, stream->id)) {
+    return Reply(frame, MakeError(Code::kStaleEpoch, "epoch " + std::to_string(key.second) +
+                                                         " was fenced by a newer epoch"));
+  }
   if (!bound) {
     Status admitted = CheckTicket(frame.ticket, *frame.session, identity_, now_ms, &ticket);
     if (!admitted.ok()) return Reply(frame, admitted);

@@ -41,9 +41,21 @@ Status SessionTable::Fence(const std::string& id, uint64_t epoch, uint64_t expir
   for (auto s = sessions_.lower_bound({id, 0}); s != sessions_.end() && s->first.first == id &&
                                                 s->first.second < epoch;) {
     fenced->push_back({s->first, s->second.seq, s->second.tokens});
+    fenced_streams_[s->first] = s->second.stream;
+    fenced_order_.push_back(s->first);
+    while (fenced_order_.size() > options_.max_fences) {
+      fenced_streams_.erase(fenced_order_.front());
+      fenced_order_.pop_front();
+    }
     s = sessions_.erase(s);
   }
   return OkStatus();
+}
+
+bool SessionTable::FencedOn(const SessionKey& key, uint64_t stream) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = fenced_streams_.find(key);
+  return it != fenced_streams_.end() && it->second == stream;
 }
 
 void SessionTable::PruneFences(uint64_t now_unix_ms) {

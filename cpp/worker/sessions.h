@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -80,6 +81,9 @@ class SessionTable {
                         SessionInfo* info);
   // The stream the session is bound to; std::nullopt when it is not in the table.
   std::optional<uint64_t> Stream(const SessionKey& key) const;
+  // True when the session was fenced by a newer epoch while bound to `stream`: that stream's
+  // later frames for it are STALE_EPOCH (remembered for the last max_fences fenced sessions).
+  bool FencedOn(const SessionKey& key, uint64_t stream) const;
 
   // Idempotency: for step <= last_step, the recorded reply (with replayed = true) when
   // step == last_step, else INVALID_ARGUMENT (an older step). std::nullopt for a new step or
@@ -126,6 +130,8 @@ class SessionTable {
   mutable std::mutex mu_;
   std::map<SessionKey, Entry> sessions_;
   std::map<std::string, FenceEntry> fences_;
+  std::map<SessionKey, uint64_t> fenced_streams_;  // fenced session -> the stream it was bound to
+  std::deque<SessionKey> fenced_order_;            // oldest first; bounded by max_fences
   std::map<SessionKey, std::pair<uint64_t, uint64_t>> untaken_;  // (prefill, decode)
   std::vector<int32_t> free_;  // stack of free sequence ids
 };

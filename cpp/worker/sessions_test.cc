@@ -74,6 +74,10 @@ TEST(SessionTableTest, NewerEpochFencesOlder) {
   EXPECT_NE(stale.message.find("fenced by 2"), std::string::npos);
   EXPECT_TRUE(none.empty());
   EXPECT_TRUE(table.Fence("s", 2, kFar, kNow, &none).ok());  // the same epoch stays admitted
+  // The fenced session's own stream is told it is stale; no other stream or session is.
+  EXPECT_TRUE(table.FencedOn({"s", 1}, 1));
+  EXPECT_FALSE(table.FencedOn({"s", 1}, 2));
+  EXPECT_FALSE(table.FencedOn({"s", 2}, 1));
 }
 
 TEST(SessionTableTest, RepeatedStepIsReplayedOlderIsRefused) {
