@@ -70,6 +70,19 @@ def admit(body: t.TicketBody, session: t.RouteSession, node_id: str, layers: tup
         raise _denied("the ticket has expired")
 
 
+def admitting_body(ticket: Optional[t.RouteTicket], tracker_key: bytes, session: t.RouteSession, node_id: str,
+                   layers: tuple[int, int], now: Optional[int] = None) -> t.TicketBody:
+    """What a hop does before anything else for an unbound session: open the ticket, then
+    admit it for this session, node and range now (TicketError otherwise)."""
+    body = open_ticket(ticket, tracker_key)
+    admit(body, session, node_id, layers, now)
+    return body
+
+
+def session_id_too_long(session_id: str) -> bool:
+    return len(session_id.encode()) > MAX_SESSION_ID_BYTES
+
+
 def results_signature(client: Identity, ticket: t.RouteTicket) -> bytes:
     """What a client sends with its ResultsRequest to prove it opened the route."""
     return client.sign(RESULTS_DOMAIN + ticket.signature)

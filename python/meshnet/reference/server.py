@@ -170,10 +170,10 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         req = seam.from_proto(request)
         try:
             seam.check_version(req.version)
-            if req.session is None or len(req.session.session_id.encode()) > tickets.MAX_SESSION_ID_BYTES:
+            if req.session is None or tickets.session_id_too_long(req.session.session_id):
                 raise invalid("results request without a valid route session")
-            body = tickets.open_ticket(req.ticket, self.table.options.tracker_key)
-            tickets.admit(body, req.session, self.node_id, self.layers)
+            body = tickets.admitting_body(req.ticket, self.table.options.tracker_key, req.session, self.node_id,
+                                          self.layers)
             tickets.check_results_signature(body, req.ticket, req.client_signature)
         except (ProtocolError, tickets.TicketError) as err:
             context.abort(_GRPC_CODES.get(err.status.code, grpc.StatusCode.INVALID_ARGUMENT), err.status.message)
@@ -237,7 +237,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
             return t.SeamReply(seam.PROTOCOL_VERSION, None, 0, 0, None, self._with_hop(err.status))
         if frame.session is None:
             return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT, "frame without a route session"))
-        if len(frame.session.session_id.encode()) > tickets.MAX_SESSION_ID_BYTES:
+        if tickets.session_id_too_long(frame.session.session_id):
             return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT,
                                              f"session id longer than {tickets.MAX_SESSION_ID_BYTES} bytes"))
         if frame.phase not in (t.Phase.PREFILL, t.Phase.DECODE, t.Phase.RELEASE, t.Phase.CANCEL):

@@ -123,8 +123,8 @@ class SessionTable:
             if self._fenced.get(key) is stream:
                 return Admission(_error(StatusCode.STALE_EPOCH, f"epoch {route.epoch} was fenced by a newer epoch"))
         try:
-            body = tickets.open_ticket(ticket, self.options.tracker_key)
-            tickets.admit(body, route, options.node_id, options.layers, now=self._wall_ms())
+            body = tickets.admitting_body(ticket, options.tracker_key, route, options.node_id, options.layers,
+                                          now=self._wall_ms())
         except tickets.TicketError as err:
             return Admission(err.status)
         if opens:
