@@ -64,8 +64,7 @@ def tracker(swarm):
 def health(swarm) -> dict[str, shard_pb2.HealthReply]:
     out = {}
     for node_id, channel in swarm.shard_channels().items():
-        with channel:
-            out[node_id] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5)
+        out[node_id] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5)
     return out
 
 

@@ -68,9 +68,8 @@ def live_sessions(swarm) -> dict[str, int]:
     for node_id, channel in swarm.shard_channels().items():
         if swarm.nodes[node_id].proc.poll() is not None:
             continue
-        with channel:
-            counts[node_id] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(),
-                                                                       timeout=5).active_sessions
+        counts[node_id] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(),
+                                                                   timeout=5).active_sessions
     return counts
 
 

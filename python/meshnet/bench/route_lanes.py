@@ -28,7 +28,8 @@ Progress = Callable[[str], None]
 
 
 class HealthProbe:
-    """Health of every shard in a swarm: snapshots, plus maxima sampled in the background."""
+    """Health of every shard in a swarm: snapshots, plus maxima sampled in the background. The
+    channels are the swarm's (LocalSwarm.shard_channels); the swarm closes them."""
 
     def __init__(self, channels: Sequence[grpc.Channel]) -> None:
         self._channels = list(channels)
@@ -62,11 +63,6 @@ class HealthProbe:
             self.max_queue = max(self.max_queue, max(r.queue_depth for r in replies))
             self.max_sessions = max(self.max_sessions, max(r.active_sessions for r in replies))
             self.max_kv_cells = max(self.max_kv_cells, max(r.kv_cells_used for r in replies))
-
-    def close(self) -> None:
-        for c in self._channels:
-            c.close()
-
 
 def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.Event, times: list[float],
             out: list[int], errors: list[str], insecure: bool) -> None:
@@ -144,19 +140,16 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend
         with swarm.client() as tracker:
             channels = swarm.shard_channels()
             probe = HealthProbe([channels[node_id] for node_id in swarm.nodes])
-            try:
-                run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4, insecure)  # warm-up
-                cells, tokens_c1 = [], {}
-                for length, streams in prompts.items():
-                    for c in concurrency:
-                        progress(f"prompt {length}, concurrency {c}")
-                        cell, outs = run_cell(tracker, probe, streams[:c], tokens, insecure)
-                        cells.append(cell)
-                        if c == 1:
-                            tokens_c1[length] = outs[0]
-                health = probe.snapshot()
-            finally:
-                probe.close()
+            run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4, insecure)  # warm-up
+            cells, tokens_c1 = [], {}
+            for length, streams in prompts.items():
+                for c in concurrency:
+                    progress(f"prompt {length}, concurrency {c}")
+                    cell, outs = run_cell(tracker, probe, streams[:c], tokens, insecure)
+                    cells.append(cell)
+                    if c == 1:
+                        tokens_c1[length] = outs[0]
+            health = probe.snapshot()
         nodes = node_memory(swarm)
     for node, reply in zip(nodes, health):
         node["kv_cells_total"] = reply.kv_cells_total

@@ -182,6 +182,8 @@ class LocalSwarm:
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
         self.nodes: dict[str, NodeProcess] = {}  # by node id (derived from each node's key)
         self.ids: dict[str, str] = {}  # node name ("node-0") -> node id
+        self._channels: dict[tuple[str, str, str], grpc.Channel] = {}  # see shard_channels()
+        self._probe_client: Optional[TrackerClient] = None
 
     def start(self) -> "LocalSwarm":
         self.tracker.start()
@@ -207,12 +209,23 @@ class LocalSwarm:
 
     def shard_channels(self) -> dict[str, grpc.Channel]:
         """A channel to every registered node's shard service, pinned to its registered
-        certificate (for Health probes), by node id."""
-        with self.client() as client:
-            nodes = client.coverage(self.model).nodes
-        return {n.node_id: tls.pinned_channel(n.address, n.tls_certificate.encode() or None) for n in nodes}
+        certificate (for Health probes), by node id. Channels and the tracker client behind
+        them are made once and reused (probes poll); stop() closes them."""
+        if self._probe_client is None:
+            self._probe_client = self.client()
+        out = {}
+        for n in self._probe_client.coverage(self.model).nodes:
+            key = (n.node_id, n.address, n.tls_certificate)
+            if key not in self._channels:
+                self._channels[key] = tls.pinned_channel(n.address, n.tls_certificate.encode() or None)
+            out[n.node_id] = self._channels[key]
+        return out
 
     def stop(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        if self._probe_client is not None:
+            self._probe_client.close()
         for node in self.nodes.values():
             node.stop()
         self.tracker.stop()
