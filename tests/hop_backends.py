@@ -206,7 +206,12 @@ class HonestSession:
         self._tokens: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_results, daemon=True).start()
         self.stream = Stream(self._channel_a)
-        self.stream.send(prefill(chain, self.session, self.prompt))
+        # Wait until both hops hold the session (hop A acknowledged the prefill, hop B emitted the
+        # first token), so an attack that follows always meets a session bound to its stream.
+        ack = self.stream.ask(prefill(chain, self.session, self.prompt), timeout=60)
+        if not ack.status.ok:
+            raise AssertionError(f"honest session {session_id} refused at prefill: {ack.status}")
+        self._first = self._next()
 
     def _read_results(self) -> None:
         try:
@@ -227,18 +232,22 @@ class HonestSession:
 
     def finish(self) -> list[int]:
         """Decodes to `tokens` tokens, releases, and returns them."""
-        out, position = [self._next()], len(self.prompt)
+        out, position = [self._first], len(self.prompt)
         for step in range(2, self.tokens + 1):
             self.stream.send(t.SeamFrame(V, self.session, t.Phase.DECODE, step, span=t.TokenSpan(position, 1),
                                          token_ids=(out[-1],), expected_cache=t.CacheState(position)))
             position += 1
             out.append(self._next())
         self.stream.send(control(self.session, t.Phase.RELEASE))
+        self.close()
+        return out
+
+    def close(self) -> None:
+        """Ends the session's streams (a hop frees a session whose stream is gone)."""
         self.stream.close()
         self._results.cancel()
         self._channel_a.close()
         self._channel_b.close()
-        return out
 
 
 def wait_idle(chain: Chain, timeout: float = 10.0) -> list[tuple[int, int]]:

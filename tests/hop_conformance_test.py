@@ -275,8 +275,12 @@ CASES = [no_ticket, forged_signature, ticket_for_another_session, ticket_for_ano
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 def test_refusal_leaves_an_honest_session_unharmed(chain, solo, case):
     honest = HonestSession(chain, f"rs-honest-{case.__name__}"[:64], PROMPT, TOKENS)
-    case(chain, honest)
-    assert honest.finish() == solo
+    try:
+        case(chain, honest)
+        assert honest.finish() == solo
+    except BaseException:
+        honest.close()  # a failed case must not leave its session behind for the next one
+        raise
     assert wait_idle(chain) == [(0, 0), (0, 0)]
 
 
