@@ -7,6 +7,9 @@ proves with its key that it opened the route when it reads results; it prefills 
 then sends one decode step per token it receives.
 On a hop failure it reports the failing node, takes the new epoch's route and replays prompt +
 tokens already delivered as a fresh prefill, so the caller sees every token exactly once.
+While it waits for tokens it renews the route's lease (a third of the way through each lease);
+the tracker being briefly unreachable costs neither tokens nor a clean finish: renewals and the
+final CloseRoute are retried or left to the lease, never raised to the caller.
 Thread ownership: a RouteSession is used by one caller thread; two reader threads per
 connection only feed its event queue.
 """
@@ -23,6 +26,7 @@ from typing import Iterator, Optional, Sequence
 import grpc
 
 from meshnet.identity import tickets
+from meshnet.process import log
 from meshnet.identity.tls import pinned_channel
 from meshnet.protocol import seam
 from meshnet.protocol.tracker_client import TrackerClient
@@ -134,6 +138,8 @@ class RouteSession:
         self._cancelled = threading.Event()
         self.failovers: list[tuple[int, str]] = []  # (new epoch, failed node) per failover
         self.ttft: Optional[float] = None  # seconds from generate() to the first token
+        self._lease_seconds = 0.0  # the current route's lease (0: none given)
+        self._renew_at = float("inf")  # monotonic time of the next lease renewal
 
     def cancel(self) -> None:
         """Abandons the generation: a CANCEL travels the chain and every hop frees the KV."""
@@ -153,6 +159,8 @@ class RouteSession:
         while True:
             if not reply.status.ok:
                 raise MeshnetError(reply.status)
+            self._lease_seconds = reply.lease_ms / 1000
+            self._renew_at = time.monotonic() + self._lease_seconds / 3 if reply.lease_ms else float("inf")
             conn = self._connection = _Connection(reply, self._tracker, self._insecure)
             try:
                 for token in self._run(conn, list(prompt_ids) + delivered, params, params.max_tokens - len(delivered)):
@@ -168,11 +176,11 @@ class RouteSession:
             except _HopFailure as failure:
                 conn.close()
                 if self._cancelled.is_set():
-                    self._tracker.close_route(conn.route)
+                    self._close_route(conn.route)
                     return
                 if failure.status.code in (StatusCode.RESOURCE_EXHAUSTED, StatusCode.INVALID_ARGUMENT,
                                            StatusCode.VERSION_MISMATCH, StatusCode.FINGERPRINT_MISMATCH):
-                    self._tracker.close_route(conn.route)
+                    self._close_route(conn.route)
                     raise MeshnetError(failure.status) from None
                 if len(self.failovers) >= self._max_failovers:
                     raise MeshnetError(failure.status) from None
@@ -210,6 +218,8 @@ class RouteSession:
         while True:
             if self._cancelled.is_set():
                 raise _HopFailure("", Status(StatusCode.CANCELLED, "cancelled by the caller"))
+            if time.monotonic() >= self._renew_at:
+                self._renew(conn.route)
             try:
                 event = conn.events.get(timeout=min(timeout, 0.5))
             except queue.Empty:
@@ -226,4 +236,26 @@ class RouteSession:
     def _finish(self, conn: _Connection) -> None:
         conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.RELEASE, 1 << 62))
         conn.close()  # the release is queued ahead of the stream's end
-        self._tracker.close_route(conn.route)
+        self._close_route(conn.route)
+
+    def _renew(self, route: t.RouteSession) -> None:
+        """Renews the route's lease; if the tracker cannot be reached, tries again in a second
+        (the hops keep serving meanwhile: their tickets, not the lease, admit the frames)."""
+        try:
+            reply = self._tracker.renew_route(route)
+            ok = reply.status.ok
+            detail = reply.status.message
+        except grpc.RpcError as err:
+            ok, detail = False, f"{err.code().name}: {err.details()}"
+        if ok:
+            self._renew_at = time.monotonic() + self._lease_seconds / 3
+        else:
+            log("route_renewal_failed", session=route.session_id, epoch=route.epoch, error=detail)
+            self._renew_at = time.monotonic() + 1.0
+
+    def _close_route(self, route: t.RouteSession) -> None:
+        """Tells the tracker the route is done; if it cannot be told, the route's lease ends it."""
+        try:
+            self._tracker.close_route(route)
+        except grpc.RpcError as err:
+            log("route_close_failed", session=route.session_id, epoch=route.epoch, error=err.code().name)

@@ -66,6 +66,8 @@ def admit(body: t.TicketBody, session: t.RouteSession, node_id: str, layers: tup
     got = (body.range.layer_start, body.range.layer_end) if body.range else None
     if got != tuple(layers):
         raise _denied(f"the ticket is for layers {got}, this hop serves {tuple(layers)}")
+    if not layers[0] <= body.range.effective_start < layers[1]:
+        raise _denied(f"the ticket's effective start {body.range.effective_start} is outside [{layers[0]}, {layers[1]})")
     if (now if now is not None else now_ms()) > body.expires_unix_ms:
         raise _denied("the ticket has expired")
 

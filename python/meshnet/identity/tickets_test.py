@@ -47,6 +47,14 @@ def test_valid_tickets_admit_nothing_else(session, node, layers, now):
     assert err.value.status.code == StatusCode.PERMISSION_DENIED
 
 
+def test_an_effective_start_outside_the_range_admits_nothing():
+    for effective in (10, 11):
+        body = dataclasses.replace(BODY, range=t.ShardRange(0, 10, effective))
+        with pytest.raises(tickets.TicketError) as err:
+            tickets.admit(body, SESSION, NODE.node_id, (0, 10))
+        assert err.value.status.code == StatusCode.PERMISSION_DENIED and "effective start" in err.value.status.message
+
+
 def test_results_are_for_the_routes_client_only():
     ticket = tickets.issue(TRACKER, BODY)
     tickets.check_results_signature(BODY, ticket, tickets.results_signature(CLIENT, ticket))

@@ -2,7 +2,9 @@
 
 `ReferenceBackend` serves HF Transformers layers in this process; `GgufBackend` supervises the
 native worker (cpp/worker) as a child process and restarts it if it dies. Both expose the
-shard's address, its live-session count and heartbeat telemetry. Main thread only.
+shard's address, its live-session count, heartbeat telemetry and the longest session it can hold
+(registered as Capacity.max_session_tokens, so the tracker refuses longer sessions up front).
+Main thread only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class Backend(Protocol):
 
     @property
     def address(self) -> str: ...
+
+    @property
+    def max_session_tokens(self) -> int: ...
 
     def load(self) -> tt.Load: ...
 
@@ -60,6 +65,11 @@ class ReferenceBackend:
     def address(self) -> str:
         return self._address
 
+    @property
+    def max_session_tokens(self) -> int:
+        """One session may fill the whole KV budget (the engine shares it among sessions)."""
+        return self.engine.max_kv_tokens
+
     def load(self) -> tt.Load:
         sessions, tokens = self.engine.stats()
         return tt.Load(active_sessions=sessions, kv_cells_used=tokens, kv_cells_total=self.engine.max_kv_tokens)
@@ -91,6 +101,11 @@ class GgufBackend:
     @property
     def address(self) -> str:
         return self._worker.address
+
+    @property
+    def max_session_tokens(self) -> int:
+        """The worker gives each session its own n_ctx / n_seq KV cells (--unified_kv=0)."""
+        return self._worker.n_ctx // self._worker.max_sessions
 
     def load(self) -> tt.Load:
         return self._worker.load()

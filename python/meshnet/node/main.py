@@ -7,7 +7,10 @@ shard backend (reference: HF Transformers in this process; gguf: the native work
 supervised child process, restarted if it dies) with that key and certificate, so it admits
 only ticketed work; computes the artifact, recipe and range fingerprints; registers (signed,
 with the node role token from --token-file or $MESHNET_NODE_TOKEN) and heartbeats with load
-telemetry. SIGTERM drains: no new routes, live sessions get `--drain-seconds` to finish, then the
+telemetry. A tracker outage does not stop the node: it keeps serving its sessions, retries with
+backoff and registers again when the tracker is back (node/tracker_link.py). The worker is
+killed by the kernel if the node dies (PR_SET_PDEATHSIG), so no worker outlives its node.
+SIGTERM drains: no new routes, live sessions get `--drain-seconds` to finish, then the
 node deregisters and stops. Exit status 2 when the tracker refuses the node (the reason is
 logged). `--insecure` serves and dials plaintext (loopback development only).
 """
@@ -27,13 +30,13 @@ import grpc
 from meshnet.identity import tls
 from meshnet.identity.keys import Identity
 from meshnet.node.backends import GgufBackend, ReferenceBackend
+from meshnet.node.tracker_link import NodeRefused, TrackerLink
 from meshnet.process import log, read_token, stop_on_signals, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
 from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId
-from meshnet.types.seam import Fingerprints, ProtocolVersion
+from meshnet.types.seam import Fingerprints
 
 
 def parse_layers(text: str) -> tuple[int, int]:
@@ -45,16 +48,6 @@ def parse_layers(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"--layers {text}: need 0 <= START < END")
     return start, end
 
-
-def report_work(tracker: TrackerClient, node_id: str, backend) -> None:
-    """Moves the backend's token counters to the tracker's ledger (at most once: counters that
-    are taken but not acknowledged are logged, not retried)."""
-    entries = backend.take_work()
-    if entries:
-        reply = tracker.report_work(tt.WorkReport(NodeId(node_id), entries))
-        if not reply.status.ok:
-            log("work_report_refused", node=node_id, entries=len(entries), status=reply.status.code.name,
-                message=reply.status.message)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                                        tls=(cert_pem, key_pem) if cert_pem else None)
         return serve(args, tracker, backend, tt.NodeInfo(
             node_id, backend.address, backend.kind, args.model, summary.architecture, Fingerprints(artifact, recipe),
-            range_fp, tt.LayerRange(start, end), tt.Capacity(args.max_sessions, args.max_kv_tokens, 0),
+            range_fp, tt.LayerRange(start, end), tt.Capacity(args.max_sessions, args.max_kv_tokens, 0,
+                                                             backend.max_session_tokens),
             summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else ""))
 
 
@@ -140,43 +134,53 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
     def node_info() -> tt.NodeInfo:
         return dataclasses.replace(info, address=backend.address)
 
-    reply = tracker.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info()))
-    log("registered", node=node_id, backend=args.backend, address=backend.address, layers=list(args.layers),
-        admission=reply.admission.name, status=reply.status.code.name, reason=reply.reason)
-    if not reply.status.ok or reply.admission == tt.Admission.REFUSED:
+    link = TrackerLink(tracker, node_info)
+    try:
+        link.register()
+    except NodeRefused:
         backend.stop()
         return 2
     write_port_file(args.port_file, int(backend.address.rsplit(":", 1)[1]))
     stop = stop_on_signals()
     restarts = 0
-    while not stop.wait(args.heartbeat_seconds):
-        if not backend.alive():
-            tracker.deregister(node_id)  # its sessions are gone; clients fail over
-            if restarts >= args.max_restarts:
-                log("worker_failed", node=node_id, restarts=restarts)
-                tracker.close()
-                return 1
-            restarts += 1
-            log("worker_restart", node=node_id, restarts=restarts)
-            backend.restart()
-            tracker.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info()))
-            continue
-        beat = tracker.heartbeat(node_id, backend.load())
-        report_work(tracker, node_id, backend)
-        if beat.status.code.name == "NOT_FOUND":  # the lease lapsed (e.g. tracker restart): register again
-            tracker.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info()))
+    try:
+        while not stop.wait(args.heartbeat_seconds):
+            if not backend.alive():
+                _quietly(tracker.deregister, node_id)  # its sessions are gone; clients fail over
+                link.registered = False
+                if restarts >= args.max_restarts:
+                    log("worker_failed", node=node_id, restarts=restarts)
+                    tracker.close()
+                    return 1
+                restarts += 1
+                log("worker_restart", node=node_id, restarts=restarts)
+                backend.restart()
+            link.tick(backend.load, backend.take_work)  # registers again after a restart or outage
+    except NodeRefused as refused:
+        log("refused", node=node_id, reason=str(refused))
+        backend.stop()
+        tracker.close()
+        return 2
     log("draining", node=node_id)
-    tracker.drain(node_id)
+    _quietly(tracker.drain, node_id)
     deadline = time.monotonic() + args.drain_seconds
     while backend.alive() and backend.load().active_sessions and time.monotonic() < deadline:
         time.sleep(0.1)
     if backend.alive():
-        report_work(tracker, node_id, backend)
-    tracker.deregister(node_id)
+        link.flush(backend.take_work)
+    _quietly(tracker.deregister, node_id)
     backend.stop()
     tracker.close()
     log("stopped", node=node_id)
     return 0
+
+
+def _quietly(call, node_id: str) -> None:
+    """A courtesy call to the tracker that must not stop the node if the tracker is gone."""
+    try:
+        call(node_id)
+    except grpc.RpcError as err:
+        log("tracker_unreachable", node=node_id, call=getattr(call, "__name__", "?"), error=err.code().name)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,19 @@ The node starts `worker --model ... --layers A:B --listen HOST:0 --node_id ID --
 (--tls_cert C --tls_key K | --insecure=1)`, reads the bound port from the worker's first stdout
 line ({"event": "listening", "port": N}), waits until Health answers (over the same pinned TLS
 a peer uses), and polls Health for heartbeat telemetry. Called from the node's main thread only.
-Invariant: stop() leaves no worker process behind (SIGTERM, then SIGKILL after a grace).
+Invariant: stop() leaves no worker process behind (SIGTERM, then SIGKILL after a grace), and a
+node that dies without stop() takes its worker with it: the worker is started with
+PR_SET_PDEATHSIG = SIGKILL, from the node's main thread (the signal follows the thread that
+forked it).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import secrets
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +34,17 @@ from meshnet.types.seam import RouteSession
 
 class WorkerError(RuntimeError):
     pass
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork
+
+
+def _die_with_parent(parent: int) -> None:
+    """Runs in the child between fork and exec: SIGKILL when the parent goes away (and now, if
+    it already has)."""
+    if _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+        os._exit(127)
 
 
 def take_work(channel: grpc.Channel, supervisor_token: str) -> tuple[tt.WorkEntry, ...]:
@@ -53,7 +70,7 @@ class WorkerProcess:
         self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this process
         self._host = host
         self._log = log
-        self.n_ctx = n_ctx
+        self.n_ctx, self.max_sessions = n_ctx, max_sessions
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         self._channel: Optional[grpc.Channel] = None
@@ -65,7 +82,8 @@ class WorkerProcess:
     def start(self, timeout: float = 120.0) -> "WorkerProcess":
         stderr = open(self._log, "ab") if self._log else subprocess.DEVNULL
         env = dict(os.environ, **{SUPERVISOR_ENV: self._supervisor_token})
-        self.proc = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        self.proc = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                                     preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         port = listening_port(self.proc, timeout)
         if port is None:
             code = self.proc.poll()

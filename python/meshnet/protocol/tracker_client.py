@@ -78,6 +78,9 @@ class TrackerClient:
     def close_route(self, session: RouteSession) -> tt.CloseRouteReply:
         return self._call("CloseRoute", tt.CloseRouteRequest(session))
 
+    def renew_route(self, session: RouteSession) -> tt.RenewRouteReply:
+        return self._call("RenewRoute", tt.RenewRouteRequest(session))
+
     def tracker_key(self) -> bytes:
         """The tracker's ticket key (trust it only over TLS)."""
         reply = self._stub.TrackerKey(codec.to_proto(tt.TrackerKeyRequest()), timeout=self._timeout)

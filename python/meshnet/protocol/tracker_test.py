@@ -16,7 +16,7 @@ from meshnet.types.status import Status, StatusCode
 
 NODE = tt.NodeInfo(NodeId("node-a"), "127.0.0.1:7001", tt.BackendKind.GGUF, "smollm2-135m-instruct", "llama",
                    Fingerprints("sha256:aa", "sha256:bb"), "sha256:cc", tt.LayerRange(0, 10),
-                   tt.Capacity(8, 8192, 1 << 30), 30, b"k" * 32, "-----BEGIN CERTIFICATE-----\n...")
+                   tt.Capacity(8, 8192, 1 << 30, 2048), 30, b"k" * 32, "-----BEGIN CERTIFICATE-----\n...")
 SESSION = RouteSession(SessionId("s-1"), 4)
 OK = Status(StatusCode.OK)
 
@@ -33,7 +33,7 @@ SAMPLES = [
     tt.CoverageReply(OK, 30, (tt.LayerCoverage(0, (NodeId("node-a"),)),), (tt.LayerRange(10, 30),), (NODE,),
                      (NodeId("node-q"),)),
     tt.OpenRouteRequest("smollm2-135m-instruct", "client-1", 256, (NodeId("node-b"),)),
-    tt.RouteReply(OK, SESSION, (tt.Hop(NODE, tt.LayerRange(0, 10), RouteTicket(b"body", b"s" * 64)),)),
+    tt.RouteReply(OK, SESSION, (tt.Hop(NODE, tt.LayerRange(0, 10), RouteTicket(b"body", b"s" * 64)),), (), 60000),
     tt.RouteReply(Status(StatusCode.UNAVAILABLE, "layers 10..30 are not covered", True), None, (),
                   (tt.LayerRange(10, 30),)),
     tt.ReportFailureRequest(SESSION, NodeId("node-b"), Status(StatusCode.UNAVAILABLE, "stream lost", True, "node-b")),
@@ -41,6 +41,8 @@ SAMPLES = [
     tt.WorkReply(OK),
     tt.CloseRouteRequest(SESSION),
     tt.CloseRouteReply(OK),
+    tt.RenewRouteRequest(SESSION),
+    tt.RenewRouteReply(OK, 60000),
     tt.TrackerKeyRequest(),
     tt.TrackerKeyReply(OK, b"t" * 32),
 ]

@@ -73,20 +73,33 @@ class ShardModel(nn.Module):
 
     @torch.no_grad()
     def forward(self, cache: DynamicCache, position: int, token_ids: Optional[torch.Tensor] = None,
-                hidden: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """One step for one session: [n] token ids (first shard) or [n, n_embd] hidden states.
+                hidden: Optional[torch.Tensor] = None, from_layer: Optional[int] = None) -> torch.Tensor:
+        """One step for one session: [n] token ids (from layer 0) or [n, n_embd] hidden states.
 
+        `from_layer` (the effective start, default `start`) skips this shard's layers below it:
+        the previous hop of an overlapping route already ran them. A session always uses the
+        same `from_layer` (its ticket's), so its cache holds layers [from_layer, end) at cache
+        indices 0.. (callers serialise steps: each step sets its layers' cache indices).
         Returns [n, n_embd] pre-norm hidden states, or on the last shard [vocab] logits of the
         last position."""
-        if self.first:
+        skip = (self.start if from_layer is None else from_layer) - self.start
+        if not 0 <= skip < len(self.layers):
+            raise ValueError(f"effective start {from_layer} is outside [{self.start}, {self.end})")
+        if self.start + skip == 0:
             x = self.embed_tokens(token_ids.view(1, -1))
         else:
             x = hidden.view(1, hidden.shape[0], -1).to(torch.float32)
+        layers = self.layers[skip:]
+        for local, layer in enumerate(layers):  # set per step: shards built from one model share layers
+            layer.self_attn.layer_idx = local
+        return self._run(cache, position, x, layers)
+
+    def _run(self, cache: DynamicCache, position: int, x: torch.Tensor, layers) -> torch.Tensor:
         position_ids = torch.arange(position, position + x.shape[1]).unsqueeze(0)
         mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
                                   position_ids=position_ids)
         position_embeddings = self.rotary_emb(x, position_ids=position_ids)
-        for layer in self.layers:
+        for layer in layers:
             x = layer(x, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids,
                       cache=cache, use_cache=True)
         if self.last:
@@ -110,8 +123,9 @@ class ReferenceEngine:
         self._sessions: dict[Hashable, _Session] = {}
 
     def step(self, key: Hashable, position: int, token_ids: Optional[torch.Tensor] = None,
-             hidden: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, int]:
-        """Runs one step of session `key` at `position`; returns (output, cached length)."""
+             hidden: Optional[torch.Tensor] = None, from_layer: Optional[int] = None) -> tuple[torch.Tensor, int]:
+        """Runs one step of session `key` at `position` from layer `from_layer` (the session's
+        effective start; the shard's start by default); returns (output, cached length)."""
         n = int(token_ids.numel()) if token_ids is not None else int(hidden.shape[0])
         with self._lock:
             session = self._sessions.get(key)
@@ -128,7 +142,7 @@ class ReferenceEngine:
             if self._kv_tokens() + n > self.max_kv_tokens:
                 raise ProtocolError(StatusCode.RESOURCE_EXHAUSTED,
                                     f"KV budget of {self.max_kv_tokens} tokens is full", retryable=True)
-            out = self.shard(session.cache, position, token_ids=token_ids, hidden=hidden)
+            out = self.shard(session.cache, position, token_ids=token_ids, hidden=hidden, from_layer=from_layer)
             session.length += n
             self._sessions[key] = session
             return out, session.length

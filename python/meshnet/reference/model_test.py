@@ -82,3 +82,24 @@ def test_sessions_are_isolated_and_bounded(chain):
     assert err.value.code == StatusCode.CACHE_MISMATCH
     assert engine.release("a") and not engine.release("a")
     assert engine.stats() == (1, 4)
+
+
+def test_overlapping_shards_run_from_the_effective_start(full, tokenizer):
+    """[0, 12) then [10, 30) entered at 12 (the route's effective start) is the whole model;
+    both shards share one model's layers 10 and 11, as one process serving both would."""
+    ids = tokenizer("Gravity is", return_tensors="pt")["input_ids"][0]
+    with torch.no_grad():
+        expected = full.generate(ids.unsqueeze(0), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+    model = load_model(GGUF)
+    a, b = ShardModel(model, 0, 12), ShardModel(model, 10, 30)
+    cache_a, cache_b = a.new_cache(), b.new_cache()
+    logits = b(cache_b, 0, hidden=a(cache_a, 0, token_ids=ids), from_layer=12)
+    tokens, position = [], len(ids)
+    for _ in range(12):
+        tokens.append(int(torch.argmax(logits)))
+        hidden = a(cache_a, position, token_ids=torch.tensor(tokens[-1:]))
+        logits = b(cache_b, position, hidden=hidden, from_layer=12)
+        position += 1
+    assert tokens == expected
+    with pytest.raises(ValueError):
+        b(b.new_cache(), 0, hidden=hidden, from_layer=30)

@@ -277,7 +277,8 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
             raise invalid("prefill/decode frame without a token span")
         if not self.engine.shard.last and live.downstream is None and not frame.downstream:
             raise invalid("not the last hop, but no downstream hop given")
-        if self.engine.shard.first:
+        start = session.ticket.range.effective_start  # overlapping routes skip layers the previous hop ran
+        if start == 0:
             if len(frame.token_ids) != frame.span.count:
                 raise invalid(f"{len(frame.token_ids)} token ids for a span of {frame.span.count}")
             out, length = self.engine.step(session.key, frame.span.start, token_ids=torch.tensor(frame.token_ids))
@@ -285,7 +286,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
             hidden = self._hidden(live, frame)
             if hidden is None:
                 return None  # more fragments of this step to come
-            out, length = self.engine.step(session.key, frame.span.start, hidden=hidden)
+            out, length = self.engine.step(session.key, frame.span.start, hidden=hidden, from_layer=start)
         if frame.sampling is not None:
             live.sampler = Sampler(frame.sampling)
         if self.engine.shard.last:

@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--roles-file", required=True, type=Path, help="JSON: role -> bearer token")
     parser.add_argument("--ticket-key", required=True, type=Path, help="Ed25519 ticket key (created if absent)")
     parser.add_argument("--ticket-seconds", type=float, default=TICKET_SECONDS, help="route ticket lifetime")
-    parser.add_argument("--lease-seconds", type=float, default=10.0)
+    parser.add_argument("--lease-seconds", type=float, default=10.0, help="node lease (heartbeat within it)")
+    parser.add_argument("--route-lease-seconds", type=float, default=60.0,
+                        help="route lease: a route its client neither renews nor closes frees its hops after it")
     parser.add_argument("--ban-seconds", type=float, default=5.0)
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     models = load_models(args.models) if args.models else []
 
     ledger = Ledger(args.db)
-    registry = Registry(models, lease_seconds=args.lease_seconds, ban_seconds=args.ban_seconds)
+    registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
+                        ban_seconds=args.ban_seconds)
     try:
         server, port = serve(registry, ledger, args.listen, roles, Identity.load_or_create(args.ticket_key), tls=tls,
                              ticket_seconds=args.ticket_seconds)

@@ -6,7 +6,10 @@ named by their verified Ed25519 public key (`caller`, see meshnet.identity). Inv
 ROUTABLE nodes with a live lease, not draining and not banned appear in routes; a node id is
 registered, renewed, drained and removed only by the key it derives from; a route session is
 reported on and closed only by the principal that opened it; a route session's epoch only
-grows, and every issued route covers [0, n_layer) exactly once.
+grows, and every issued route covers [0, n_layer) exactly once. A route session is leased: unless
+its client renews it (or reports on it) within `route_lease_seconds`, it expires and its hops'
+capacity returns. A route only enters a GGUF node at its registered start (the worker cannot run
+from an effective start); reference nodes may be entered at any layer they serve.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class _Session:
     expected_tokens: int
     avoid: frozenset[NodeId]
     client_key: bytes = b""  # the verified key of the principal that opened the route
+    lease_until: float = 0.0  # registry clock; the session expires after this unless renewed
 
 
 @dataclasses.dataclass
@@ -75,10 +79,11 @@ def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
 
 class Registry:
     def __init__(self, models: list[CertifiedModel], *, lease_seconds: float = 10.0,
-                 ban_seconds: float = 5.0, max_ban_seconds: float = 300.0,
+                 route_lease_seconds: float = 60.0, ban_seconds: float = 5.0, max_ban_seconds: float = 300.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._models = {m.model: m for m in models}
         self._lease = lease_seconds
+        self._route_lease = route_lease_seconds
         self._ban_base, self._ban_max = ban_seconds, max_ban_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -89,6 +94,10 @@ class Registry:
     @property
     def lease_ms(self) -> int:
         return int(self._lease * 1000)
+
+    @property
+    def route_lease_ms(self) -> int:
+        return int(self._route_lease * 1000)
 
     # ---- nodes ------------------------------------------------------------------------------
 
@@ -205,9 +214,10 @@ class Registry:
         if request.session is None:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "failure report without a session"))
         with self._lock:
-            session = self._sessions.get(request.session.session_id)
+            session = self._live_session(request.session.session_id)
             if session is None:
-                return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown route session {request.session.session_id!r}"))
+                return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown route session {request.session.session_id!r} "
+                                                                 "(closed, or its lease expired)"))
             if session.client_key != caller:
                 return tt.RouteReply(_error(StatusCode.PERMISSION_DENIED,
                                             "only the client that opened a route may report a failure on it"))
@@ -240,25 +250,56 @@ class Registry:
             del self._sessions[route.session_id]
         return OK
 
+    def renew_route(self, route: Optional[RouteSession], caller: bytes) -> tt.RenewRouteReply:
+        """Extends the lease of a live route session (its opener only, at its current epoch)."""
+        with self._lock:
+            problem = self._check_session(route)
+            if problem is not None:
+                return tt.RenewRouteReply(problem)
+            assert route is not None
+            session = self._sessions[route.session_id]
+            if session.client_key != caller:
+                return tt.RenewRouteReply(_error(StatusCode.PERMISSION_DENIED,
+                                                 "only the client that opened a route may renew it"))
+            session.lease_until = self._clock() + self._route_lease
+        return tt.RenewRouteReply(OK, self.route_lease_ms)
+
     def expected_tokens(self, route: Optional[RouteSession]) -> int:
         """The token budget a live route session was opened with (0 if unknown)."""
         with self._lock:
-            session = self._sessions.get(route.session_id) if route else None
+            session = self._live_session(route.session_id) if route else None
             return session.expected_tokens if session else 0
 
     def _check_session(self, route: Optional[RouteSession]) -> Optional[Status]:
         if route is None:
             return _error(StatusCode.INVALID_ARGUMENT, "no route session given")
-        session = self._sessions.get(route.session_id)
+        session = self._live_session(route.session_id)
         if session is None:
-            return _error(StatusCode.NOT_FOUND, f"unknown route session {route.session_id!r}")
+            return _error(StatusCode.NOT_FOUND, f"unknown route session {route.session_id!r} (closed, or its lease expired)")
         if route.epoch != session.epoch:
             return _error(StatusCode.STALE_EPOCH, f"epoch {route.epoch} is fenced; the session is at epoch {session.epoch}")
         return None
 
-    def _route(self, session_id: SessionId, session: _Session, model: CertifiedModel) -> tt.RouteReply:
-        """Lock held. Picks hops for `session` at its current epoch and records them."""
+    def _live_session(self, session_id: SessionId) -> Optional[_Session]:
+        """Lock held. The session, unless its lease expired (then it is forgotten)."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.lease_until < self._clock():
+            del self._sessions[session_id]
+            return None
+        return session
+
+    def _expire_sessions(self) -> None:
+        """Lock held. Forgets every route session whose lease expired: its capacity returns."""
         now = self._clock()
+        for sid in [sid for sid, s in self._sessions.items() if s.lease_until < now]:
+            del self._sessions[sid]
+
+    def _route(self, session_id: SessionId, session: _Session, model: CertifiedModel) -> tt.RouteReply:
+        """Lock held. Picks hops for `session` at its current epoch and records them (with a
+        fresh lease)."""
+        now = self._clock()
+        self._expire_sessions()
+        session.lease_until = now + self._route_lease
         in_use: dict[NodeId, tuple[int, int]] = {}
         for sid, other in self._sessions.items():
             if sid == session_id:
@@ -266,13 +307,16 @@ class Registry:
             for hop in other.hops:
                 sessions, tokens = in_use.get(hop.node.node_id, (0, 0))
                 in_use[hop.node.node_id] = (sessions + 1, tokens + other.expected_tokens)
-        nodes, candidates, full = {}, [], []
+        nodes, candidates, full, too_short = {}, [], [], []
         for node in self._live_nodes(session.model):
             info, cap = node.info, node.info.capacity or tt.Capacity()
             ban = self._bans.get(info.node_id)
             sessions, tokens = in_use.get(info.node_id, (0, 0))
             if (node.admission != tt.Admission.ROUTABLE or node.draining or info.node_id in session.avoid
                     or (ban is not None and ban.until > now)):
+                continue
+            if cap.max_session_tokens and session.expected_tokens > cap.max_session_tokens:
+                too_short.append((_candidate(node, sessions), cap.max_session_tokens))
                 continue
             if ((cap.max_sessions and sessions >= cap.max_sessions)
                     or (cap.kv_tokens and tokens + session.expected_tokens > cap.kv_tokens)):
@@ -288,14 +332,37 @@ class Registry:
                 session.hops = ()
                 self._sessions[session_id] = session
             gaps = tuple(tt.LayerRange(s, e) for s, e in err.uncovered)
-            if full and not routing.uncovered_ranges(candidates + full, model.n_layer):
+            longest = _longest_route(candidates + full, too_short, model.n_layer)
+            if longest is not None and longest < session.expected_tokens:
+                status = _error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {session.expected_tokens} (prompt + new "
+                                f"tokens) exceeds what any route can hold for one session: at most {longest} tokens")
+                return tt.RouteReply(status, route, (), gaps)
+            if full and _routable(candidates + full, model.n_layer):
                 status = _error(StatusCode.RESOURCE_EXHAUSTED, f"the nodes serving layers "
                                 f"{routing.describe_layers(err.uncovered)} are all at capacity", True)
                 return tt.RouteReply(status, route, (), gaps)
             return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (), gaps)
         session.hops = tuple(tt.Hop(nodes[h.node_id], tt.LayerRange(h.start, h.end)) for h in hops)
         self._sessions[session_id] = session
-        return tt.RouteReply(OK, route, session.hops)
+        return tt.RouteReply(OK, route, session.hops, (), self.route_lease_ms)
+
+
+def _routable(candidates: list[routing.Candidate], n_layer: int) -> bool:
+    try:
+        routing.find_route(candidates, n_layer)
+        return True
+    except routing.NoRouteError:
+        return False
+
+
+def _longest_route(usable: list[routing.Candidate], limited: list[tuple[routing.Candidate, int]],
+                   n_layer: int) -> Optional[int]:
+    """The longest session any route over `usable` plus the per-session `limited` nodes could
+    hold (a route holds the smallest limit on it), or None when even all of them leave a gap."""
+    for limit in sorted({limit for _, limit in limited}, reverse=True):
+        if _routable(usable + [c for c, own in limited if own >= limit], n_layer):
+            return limit
+    return None
 
 
 def _candidate(node: _Node, sessions: int) -> routing.Candidate:
@@ -307,7 +374,7 @@ def _candidate(node: _Node, sessions: int) -> routing.Candidate:
     cap = max(1, (info.capacity.max_sessions if info.capacity else 0) or 1)
     pressure = max(load.active_sessions, sessions) / cap + load.queue_depth / cap
     return routing.Candidate(info.node_id, info.layers.start, info.layers.end, per_layer, routing.HOP_OVERHEAD_SECONDS,
-                             pressure)
+                             pressure, runs_suffix=info.backend == tt.BackendKind.REFERENCE)
 
 
 def _not_self(node_id: NodeId, caller: bytes) -> Optional[Status]:

@@ -141,7 +141,7 @@ def test_dark_nodes_are_never_routed(registry):
 def test_lease_expiry_removes_the_node(registry, clock):
     register(registry, "a", 0, 15)
     register(registry, "b", 15, 30)
-    register(registry, "b2", 10, 30)
+    register(registry, "b2", 10, 30, backend=tt.BackendKind.REFERENCE)  # may start at 15
     clock.now += 6
     assert registry.heartbeat(nid("a"), None, key("a").public_key).status.ok
     assert registry.heartbeat(nid("b2"), None, key("b2").public_key).status.ok
@@ -240,3 +240,44 @@ def test_coverage_reports_gaps_and_replicas(registry):
     assert cover.n_layer == 30 and cover.gaps == (tt.LayerRange(12, 20),)
     assert set(cover.layers[5].node_ids) == {nid("a"), nid("a2")} and cover.layers[11].node_ids == (nid("a2"),)
     assert cover.layers[15].node_ids == ()
+
+
+def test_an_abandoned_route_expires_and_its_capacity_returns(clock):
+    registry = Registry([MODEL], lease_seconds=1000, route_lease_seconds=30, clock=clock)
+    register(registry, "a", 0, 30, capacity=tt.Capacity(1, 4096, 1))
+    abandoned = open_route(registry)
+    assert abandoned.status.ok and abandoned.lease_ms == 30_000
+    assert open_route(registry).status.code == StatusCode.RESOURCE_EXHAUSTED
+    clock.now += 31  # the client never renewed nor closed it
+    assert fail(registry, abandoned.session, nid("a")).status.code == StatusCode.NOT_FOUND
+    kept = open_route(registry)
+    assert kept.status.ok
+    for _ in range(3):  # renewals keep a route alive past its first lease
+        clock.now += 20
+        renewed = registry.renew_route(kept.session, CLIENT.public_key)
+        assert renewed.status.ok and renewed.lease_ms == 30_000
+    assert registry.renew_route(kept.session, OTHER_CLIENT.public_key).status.code == StatusCode.PERMISSION_DENIED
+    assert open_route(registry).status.code == StatusCode.RESOURCE_EXHAUSTED
+    assert registry.renew_route(abandoned.session, CLIENT.public_key).status.code == StatusCode.NOT_FOUND
+    assert registry.close_route(kept.session, CLIENT.public_key).ok
+
+
+def test_expected_tokens_beyond_every_routes_session_limit_is_refused_up_front(registry):
+    register(registry, "a", 0, 10, capacity=tt.Capacity(4, 1 << 20, 1, 2048))
+    register(registry, "b", 10, 30, capacity=tt.Capacity(4, 1 << 20, 1, 8192))
+    too_long = open_route(registry, tt.OpenRouteRequest("smol", expected_tokens=4096))
+    assert too_long.status.code == StatusCode.INVALID_ARGUMENT and not too_long.status.retryable
+    assert "at most 2048 tokens" in too_long.status.message and too_long.hops == ()
+    register(registry, "a-long", 0, 10, capacity=tt.Capacity(4, 1 << 20, 1, 4096))
+    assert route_names(open_route(registry, tt.OpenRouteRequest("smol", expected_tokens=4096))) == \
+        [("a-long", 0, 10), ("b", 10, 30)]
+    assert open_route(registry, tt.OpenRouteRequest("smol", expected_tokens=2048)).status.ok
+
+
+def test_overlapping_gguf_ranges_meet_only_at_exact_boundaries(registry):
+    register(registry, "a", 0, 12)
+    register(registry, "b", 10, 30)
+    reply = open_route(registry)
+    assert reply.status.code == StatusCode.UNAVAILABLE and "past layer 12" in reply.status.message
+    register(registry, "r", 10, 30, backend=tt.BackendKind.REFERENCE)
+    assert route_names(open_route(registry)) == [("a", 0, 12), ("r", 12, 30)]

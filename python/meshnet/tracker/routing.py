@@ -1,8 +1,10 @@
 """Route selection: the cheapest chain of hops over layer boundaries (Dijkstra).
 
 Pure functions over `Candidate`s; the registry builds the candidates (routable, alive, not
-draining, not banned, with capacity) and calls `find_route`. A node serving [s, e) can run any
-suffix [b, e) with s <= b < e (its effective start b), so overlapping ranges chain. Invariants:
+draining, not banned, with capacity) and calls `find_route`. A node serving [s, e) whose backend
+can run a suffix (`runs_suffix`: the reference shard) may be entered at any b with s <= b < e (its
+effective start b), so overlapping ranges chain; a GGUF node (the worker runs its whole range) is
+entered only at s, so overlapping GGUF ranges chain only at exact boundaries. Invariants:
 a returned route covers [0, n_layer) exactly once, in order; equal inputs give the same route
 (ties break on hop count, then the node ids along the path).
 """
@@ -27,6 +29,7 @@ class Candidate:
     seconds_per_layer: float = DEFAULT_SECONDS_PER_LAYER  # from telemetry (decode tok/s)
     rtt_seconds: float = HOP_OVERHEAD_SECONDS  # measured or hinted round trip to the node
     load: float = 0.0  # 0 = idle; active sessions / max sessions, queue pressure
+    runs_suffix: bool = False  # the backend can start at any layer of its range (effective start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +42,14 @@ class RouteHop:
 class NoRouteError(Exception):
     """No chain covers [0, n_layer); `uncovered` lists the missing [start, end) ranges."""
 
-    def __init__(self, uncovered: list[tuple[int, int]]) -> None:
+    def __init__(self, uncovered: list[tuple[int, int]], reached: int = 0) -> None:
         self.uncovered = uncovered
-        super().__init__(f"no route: layers {describe_layers(uncovered)} are not covered by any available node")
+        if uncovered:
+            message = f"no route: layers {describe_layers(uncovered)} are not covered by any available node"
+        else:
+            message = (f"no route: every layer is served, but no chain of nodes gets past layer {reached} "
+                       "(GGUF nodes run only from their registered start, so their ranges must meet exactly)")
+        super().__init__(message)
 
 
 def describe_layers(ranges: Sequence[tuple[int, int]]) -> str:
@@ -88,7 +96,7 @@ def find_route(candidates: Sequence[Candidate], n_layer: int) -> list[RouteHop]:
             continue
         settled.add(boundary)
         for c in by_layer[boundary]:
-            if c.end not in settled:
+            if c.end not in settled and (c.start == boundary or c.runs_suffix):
                 hop = RouteHop(c.node_id, boundary, c.end)
                 heapq.heappush(queue, (cost + hop_cost(c, boundary), hops + 1, ids + (c.node_id,), c.end, path + (hop,)))
-    raise NoRouteError(uncovered_ranges(usable, n_layer))
+    raise NoRouteError(uncovered_ranges(usable, n_layer), max(settled, default=0))

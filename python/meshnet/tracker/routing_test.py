@@ -33,11 +33,22 @@ def test_fewer_hops_win_when_compute_is_equal():
 
 
 def test_overlapping_ranges_use_effective_starts():
-    nodes = [c("a", 0, 12), c("b", 8, 22), c("c", 18, 30)]
+    nodes = [c("a", 0, 12, runs_suffix=True), c("b", 8, 22, runs_suffix=True), c("c", 18, 30, runs_suffix=True)]
     route = find_route(nodes, 30)
     assert route == [RouteHop(NodeId("a"), 0, 12), RouteHop(NodeId("b"), 12, 22), RouteHop(NodeId("c"), 22, 30)]
     covered = [layer for h in route for layer in range(h.start, h.end)]
     assert covered == list(range(30))
+
+
+def test_whole_range_nodes_join_only_at_their_registered_start():
+    # GGUF workers run their whole range: [0,12) then [10,30) would run layers 10 and 11 twice.
+    with pytest.raises(NoRouteError) as err:
+        find_route([c("a", 0, 12), c("b", 10, 30)], 30)
+    assert err.value.uncovered == [] and "past layer 12" in str(err.value)
+    route = find_route([c("a", 0, 12), c("b", 10, 30), c("c", 0, 10)], 30)
+    assert route == [RouteHop(NodeId("c"), 0, 10), RouteHop(NodeId("b"), 10, 30)]
+    mixed = find_route([c("a", 0, 12), c("r", 10, 30, runs_suffix=True)], 30)
+    assert mixed == [RouteHop(NodeId("a"), 0, 12), RouteHop(NodeId("r"), 12, 30)]
 
 
 def test_gap_names_the_missing_layers():

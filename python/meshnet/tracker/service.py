@@ -37,7 +37,7 @@ ROLES = ("node", "client", "gateway", "verifier")
 _NODE, _ROUTES, _ANY = frozenset({"node"}), frozenset({"client", "gateway"}), frozenset(ROLES)
 METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "Register": _NODE, "Heartbeat": _NODE, "Drain": _NODE, "Deregister": _NODE, "ReportWork": _NODE,
-    "OpenRoute": _ROUTES, "ReportFailure": _ROUTES, "CloseRoute": _ROUTES, "Coverage": _ANY,
+    "OpenRoute": _ROUTES, "ReportFailure": _ROUTES, "CloseRoute": _ROUTES, "RenewRoute": _ROUTES, "Coverage": _ANY,
 }
 TICKET_SECONDS = 600.0
 
@@ -174,6 +174,10 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
     def CloseRoute(self, request, context):  # noqa: N802
         return self._handle("CloseRoute", request, context, tt.CloseRouteReply,
                             lambda r, caller: tt.CloseRouteReply(self._registry.close_route(r.session, caller)))
+
+    def RenewRoute(self, request, context):  # noqa: N802
+        return self._handle("RenewRoute", request, context, tt.RenewRouteReply,
+                            lambda r, caller: self._registry.renew_route(r.session, caller))
 
     def TrackerKey(self, request, context):  # noqa: N802
         return codec.to_proto(tt.TrackerKeyReply(Status(StatusCode.OK), self._ticket_key.public_key))

@@ -42,6 +42,7 @@ class Capacity:
     max_sessions: int = 0
     kv_tokens: int = 0
     memory_bytes: int = 0
+    max_session_tokens: int = 0  # the longest one session may be (prompt + new tokens); 0 = not given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +162,7 @@ class RouteReply:
     session: Optional[RouteSession] = None
     hops: tuple[Hop, ...] = ()
     uncovered: tuple[LayerRange, ...] = ()
+    lease_ms: int = 0  # renew within this or the route expires
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +199,17 @@ class CloseRouteRequest:
 @dataclasses.dataclass(frozen=True)
 class CloseRouteReply:
     status: Optional[Status]
+
+
+@dataclasses.dataclass(frozen=True)
+class RenewRouteRequest:
+    session: Optional[RouteSession]
+
+
+@dataclasses.dataclass(frozen=True)
+class RenewRouteReply:
+    status: Optional[Status]
+    lease_ms: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
