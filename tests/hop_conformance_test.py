@@ -4,7 +4,8 @@ Every case runs against the native worker (cpp/worker) and the reference shard
 (meshnet.reference), each a real process serving half of the bundled SmolLM2 over pinned TLS,
 with tickets signed by a test tracker key. An honest session is prefilled before each attack
 and decoded after it: it must produce exactly the tokens it produces alone, and both hops must
-hold no session and no KV cell afterwards. Each refusal asserts its exact status.
+hold no session and no KV cell afterwards. Each refusal asserts its exact status. The same
+chain also checks that a step's budget (budget_ms) is enforced by both (issue 13).
 """
 
 from __future__ import annotations
@@ -296,3 +297,26 @@ def test_a_valid_ticket_opens_exactly_its_session(chain, solo):
     assert wait_idle(chain) == [(0, 0), (0, 0)]
     with pytest.raises(queue.Empty):
         s.replies.get(timeout=0.2)
+
+
+# ---- deadlines (issue 13) -------------------------------------------------------------------
+
+def test_a_step_whose_budget_runs_out_behind_a_long_prefill_is_deadline_exceeded(chain, solo):
+    """budget_ms is enforced where a step waits for the engine: a 1 ms step queued behind
+    another session's long prefill is DEADLINE_EXCEEDED and holds nothing; the long prefill is
+    unharmed; the same step with a budget it can meet succeeds."""
+    long_stream, late_stream = Stream(chain.a.channel), Stream(chain.a.channel)
+    long_session, late = rs("rs-long-prefill"), rs("rs-late")
+    long_stream.send(prefill(chain, long_session, (PROMPT * 100)[:480]))
+    time.sleep(0.1)  # the long prefill has the engine by now (it takes seconds on one thread)
+    assert long_stream.replies.empty(), "the long prefill finished too soon to queue anything behind it"
+    assert code(late_stream.ask(prefill(chain, late, PROMPT, budget_ms=1), timeout=120)) == \
+        StatusCode.DEADLINE_EXCEEDED
+    reply = long_stream.read(timeout=120)
+    assert code(reply) == StatusCode.OK and reply.cache == t.CacheState(480)
+    on_time = late_stream.ask(prefill(chain, late, PROMPT, budget_ms=60_000), timeout=120)
+    assert code(on_time) == StatusCode.OK and on_time.cache == t.CacheState(len(PROMPT))
+    for stream, session in ((long_stream, long_session), (late_stream, late)):
+        assert code(stream.ask(control(session, t.Phase.RELEASE))) == StatusCode.OK
+        stream.close()
+    assert wait_idle(chain) == [(0, 0), (0, 0)]

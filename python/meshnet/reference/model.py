@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
+import time
 from pathlib import Path
 from typing import Hashable, Optional
 
@@ -123,11 +124,17 @@ class ReferenceEngine:
         self._sessions: dict[Hashable, _Session] = {}
 
     def step(self, key: Hashable, position: int, token_ids: Optional[torch.Tensor] = None,
-             hidden: Optional[torch.Tensor] = None, from_layer: Optional[int] = None) -> tuple[torch.Tensor, int]:
+             hidden: Optional[torch.Tensor] = None, from_layer: Optional[int] = None,
+             deadline: Optional[float] = None) -> tuple[torch.Tensor, int]:
         """Runs one step of session `key` at `position` from layer `from_layer` (the session's
-        effective start; the shard's start by default); returns (output, cached length)."""
+        effective start; the shard's start by default); returns (output, cached length). A step
+        whose `deadline` (time.monotonic) has passed when its turn comes is not run:
+        DEADLINE_EXCEEDED, and the session's cache is as it was."""
         n = int(token_ids.numel()) if token_ids is not None else int(hidden.shape[0])
         with self._lock:
+            if deadline is not None and time.monotonic() > deadline:
+                raise ProtocolError(StatusCode.DEADLINE_EXCEEDED, "the step's budget ran out while it waited for "
+                                    "the engine", retryable=True)
             session = self._sessions.get(key)
             if session is None:
                 if position != 0:

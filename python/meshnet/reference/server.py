@@ -230,6 +230,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
             stream.replies.put(_CLOSE)
 
     def _handle(self, message, stream: _Stream) -> Optional[t.SeamReply]:
+        arrived = time.monotonic()
         try:
             frame = seam.from_proto(message)
             seam.check_version(frame.version)
@@ -263,15 +264,16 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         replayed, status = self.table.replay(session, frame.step)
         if replayed is not None or not status.ok:
             return replayed or self._reply(frame, status)
+        deadline = arrived + frame.budget_ms / 1000 if frame.budget_ms else None
         try:
-            return self._step(session, frame)
+            return self._step(session, frame, deadline)
         except ProtocolError as err:
             if session.last_step == 0 and self.table.remove(session.key, session) is not None:
                 # a session whose first step failed holds nothing: free its slot (Results stay open)
                 self._finish(session, t.FinishReason.ERROR, err.status, close_results=False)
             return self._reply(frame, err.status)
 
-    def _step(self, session: Session, frame: t.SeamFrame) -> Optional[t.SeamReply]:
+    def _step(self, session: Session, frame: t.SeamFrame, deadline: Optional[float]) -> Optional[t.SeamReply]:
         live: _Live = session.state
         if frame.span is None or frame.span.count == 0:
             raise invalid("prefill/decode frame without a token span")
@@ -281,18 +283,20 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         if start == 0:
             if len(frame.token_ids) != frame.span.count:
                 raise invalid(f"{len(frame.token_ids)} token ids for a span of {frame.span.count}")
-            out, length = self.engine.step(session.key, frame.span.start, token_ids=torch.tensor(frame.token_ids))
+            out, length = self.engine.step(session.key, frame.span.start, token_ids=torch.tensor(frame.token_ids),
+                                           deadline=deadline)
         else:
             hidden = self._hidden(live, frame)
             if hidden is None:
                 return None  # more fragments of this step to come
-            out, length = self.engine.step(session.key, frame.span.start, hidden=hidden, from_layer=start)
+            out, length = self.engine.step(session.key, frame.span.start, hidden=hidden, from_layer=start,
+                                           deadline=deadline)
         if frame.sampling is not None:
             live.sampler = Sampler(frame.sampling)
         if self.engine.shard.last:
             self._emit(session, frame, out, length)
         else:
-            self._forward(session, frame, out)
+            self._forward(session, frame, out, deadline)
         reply = self._reply(frame, Status(StatusCode.OK), t.CacheState(length))
         self.table.record_step(session, frame.step, reply, frame.phase, frame.span.count)
         return reply
@@ -323,7 +327,9 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
             raise invalid("non-finite activations (NaN or Inf)")
         return torch.from_numpy(array)
 
-    def _forward(self, session: Session, frame: t.SeamFrame, hidden: torch.Tensor) -> None:
+    def _forward(self, session: Session, frame: t.SeamFrame, hidden: torch.Tensor, deadline: Optional[float]) -> None:
+        """Sends the step's activations downstream, with what is left of its budget (at least
+        1 ms: the next hop then answers DEADLINE_EXCEEDED itself)."""
         live: _Live = session.state
         if live.downstream is None:
             body = session.ticket
@@ -333,9 +339,11 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
                 t.SeamReply(seam.PROTOCOL_VERSION, frame.session, session.last_step, 0, None, status)))
         nxt = live.downstream.hop
         fragments = bundle.encode_bundle([tensors.from_torch(HIDDEN, hidden.contiguous())], frame.step)
+        budget_ms = max(1, int((deadline - time.monotonic()) * 1000)) if deadline is not None else 0
         for fragment in fragments:
             live.downstream.send(dataclasses.replace(
-                frame, token_ids=(), fragment=fragment, range=nxt.range, downstream=frame.downstream[1:]))
+                frame, token_ids=(), fragment=fragment, range=nxt.range, downstream=frame.downstream[1:],
+                budget_ms=budget_ms))
 
     def _emit(self, session: Session, frame: t.SeamFrame, logits: torch.Tensor, length: int) -> None:
         live: _Live = session.state

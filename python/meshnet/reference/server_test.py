@@ -22,6 +22,7 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.requests import SUPERVISOR_METADATA
 from meshnet.identity.tls import node_certificate, pinned_channel
 from meshnet.protocol import bundle, seam, tensors
+from meshnet.protocol.errors import ProtocolError
 from meshnet.reference.server import HIDDEN, ShardServer, serve
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import seam as t
@@ -44,7 +45,9 @@ class FakeEngine:
         self.sessions: dict = {}
         self.steps = 0
 
-    def step(self, key, position, token_ids=None, hidden=None):
+    def step(self, key, position, token_ids=None, hidden=None, from_layer=None, deadline=None):
+        if deadline is not None and time.monotonic() > deadline:
+            raise ProtocolError(StatusCode.DEADLINE_EXCEEDED, "budget spent", retryable=True)
         ids = token_ids.tolist() if token_ids is not None else [int(h) for h in hidden[:, 0].tolist()]
         self.steps += 1
         self.sessions[key] = position + len(ids)

@@ -76,9 +76,10 @@ class TrackerProcess:
         return f"{self.host}:{self.port}"
 
     def start(self) -> "TrackerProcess":
+        """Starts the tracker on its port (a free one the first time)."""
         port_file = self.workdir / "tracker.port"
         port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "meshnet.tracker.main", "--listen", f"{self.host}:0", "--db", str(self.db),
+        cmd = [sys.executable, "-m", "meshnet.tracker.main", "--listen", f"{self.host}:{self.port}", "--db", str(self.db),
                "--models", str(self.models_file), "--roles-file", str(self.roles_file), "--ticket-key",
                str(self.ticket_key), "--ticket-seconds", str(self.ticket_seconds),
                "--lease-seconds", str(self.lease_seconds), "--ban-seconds", str(self.ban_seconds),
@@ -93,6 +94,13 @@ class TrackerProcess:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+
+    def restart(self) -> "TrackerProcess":
+        """Starts it again after kill()/stop(), on the same port, ledger, keys and tokens (its
+        registry starts empty: nodes register again)."""
+        if self.proc and self.proc.poll() is None:
+            raise RuntimeError("the tracker is still running")
+        return self.start()
 
     def stop(self) -> int:
         if self.proc and self.proc.poll() is None:
