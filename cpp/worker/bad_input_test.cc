@@ -3,7 +3,8 @@
 // with the bad frames, still produces exactly its solo tokens. A 2-hop chain on the tiny F32
 // fixture over loopback gRPC: token-level cases go to hop 1, hidden-state cases to hop 2. Every
 // frame carries a valid route ticket unless its case is about tickets (ADR 0003): missing,
-// forged, for another session / node / epoch / range, expired, a fence attack with epoch
+// forged, for another session / node / epoch / range, with an effective start the GGUF hop
+// cannot run from (ticket or frame), expired, a fence attack with epoch
 // 2^64-1, foreign-stream RELEASE and CANCEL of the good session, a downstream the ticket does
 // not name, NaN activations, a 256 MiB bundle announced for one row, zlib when compression is
 // off; Results readers without a ticket, without or with a wrong client signature, and a
@@ -258,6 +259,16 @@ TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
                      ticketed(hidden("t-range"), 2,
                               [](protocol::Ticket& t) { t.range.layer_start = 1; }),
                      Code::kPermissionDenied});
+    cases.push_back({"ticket with an effective start inside the range (overlap)", 2, {},
+                     ticketed(hidden("t-effective"), 2,
+                              [](protocol::Ticket& t) { t.range.effective_start = 3; }),
+                     Code::kInvalidArgument});
+    cases.push_back({"frame range with an effective start inside the range", 2, {}, [&] {
+                       auto f = hidden("f-effective");
+                       f.range->effective_start = 3;
+                       return f;
+                     }(),
+                     Code::kInvalidArgument});
     cases.push_back({"expired ticket", 2, {},
                      ticketed(hidden("t-expired"), 2,
                               [](protocol::Ticket& t) {

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "cpp/worker/hop.h"
@@ -37,13 +38,67 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& address,
 
 }  // namespace
 
-Downstream::Downstream(const protocol::DownstreamHop& hop,
-                       const DownstreamCredentials& credentials,
-                       std::function<void(Status)> on_error)
-    : hop_(hop), on_error_(std::move(on_error)), stream_(std::make_unique<Stream>()) {
-  stream_->channel = Dial(hop.address, credentials);
-  stream_->stub = pb::Shard::NewStub(stream_->channel);
-  stream_->stream = stream_->stub->Seam(&stream_->context);
+protocol::SeamFrame NextHopFrame(const protocol::SeamFrame& frame,
+                                 const protocol::DownstreamHop& next) {
+  protocol::SeamFrame out = frame;
+  out.token_ids.clear();
+  out.range = next.range;
+  out.ticket.reset();
+  out.downstream.clear();
+  if (!frame.downstream.empty()) {
+    out.ticket = frame.downstream[0].ticket;
+    out.downstream.assign(frame.downstream.begin() + 1, frame.downstream.end());
+  }
+  return out;
+}
+
+Status Downstream::Open(const protocol::DownstreamHop& hop,
+                        const DownstreamCredentials& credentials,
+                        std::chrono::steady_clock::time_point connect_by,
+                        const std::function<bool()>& abandoned,
+                        std::function<void(Status)> on_error, std::unique_ptr<Downstream>* out) {
+  auto stream = std::make_unique<Stream>();
+  stream->channel = Dial(hop.address, credentials);
+  const auto left = std::max(std::chrono::steady_clock::duration::zero(),
+                             connect_by - std::chrono::steady_clock::now());
+  // Connected, refused (a dead process, a closed port, a failed handshake: fail at once, so the
+  // client fails over without waiting), or still connecting at the deadline (an unreachable host).
+  const auto deadline = std::chrono::system_clock::now() + left;
+  grpc_connectivity_state state = stream->channel->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+         state != GRPC_CHANNEL_SHUTDOWN && std::chrono::system_clock::now() < deadline) {
+    if (abandoned()) {
+      return MakeError(Code::kCancelled, "upstream gone while connecting to " + hop.node_id, false);
+    }
+    const auto slice =
+        std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+    if (stream->channel->WaitForStateChange(state, slice)) {
+      state = stream->channel->GetState(/*try_to_connect=*/true);
+    }
+  }
+  if (state != GRPC_CHANNEL_READY) {
+    const bool refused = state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN;
+    Status status = MakeError(
+        Code::kUnavailable,
+        "next hop " + hop.node_id + " at " + hop.address +
+            (refused ? std::string(" refused the connection")
+                     : " not connected within " +
+                           std::to_string(
+                               std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) +
+                           " ms"),
+        true);
+    status.hop = hop.node_id;
+    return status;
+  }
+  stream->stub = pb::Shard::NewStub(stream->channel);
+  stream->stream = stream->stub->Seam(&stream->context);
+  out->reset(new Downstream(hop, std::move(on_error), std::move(stream)));
+  return protocol::OkStatus();
+}
+
+Downstream::Downstream(const protocol::DownstreamHop& hop, std::function<void(Status)> on_error,
+                       std::unique_ptr<Stream> stream)
+    : hop_(hop), on_error_(std::move(on_error)), stream_(std::move(stream)) {
   reader_ = std::thread([this] { Read(); });
 }
 

@@ -8,6 +8,7 @@
 #ifndef MESHNET_CPP_WORKER_DOWNSTREAM_H_
 #define MESHNET_CPP_WORKER_DOWNSTREAM_H_
 
+#include <chrono>
 #include <functional>
 #include <future>
 #include <memory>
@@ -25,12 +26,25 @@ struct DownstreamCredentials {
   std::string pinned_cert_pem;  // TLS: the only trusted certificate (the ticket's)
 };
 
+// The frame the next hop gets for `frame`: its own range and ticket (the first of `frame`'s
+// downstream list), the rest of the route, no token ids.
+protocol::SeamFrame NextHopFrame(const protocol::SeamFrame& frame,
+                                 const protocol::DownstreamHop& next);
+
 class Downstream {
  public:
-  // Dials `hop.address` and opens the Seam stream (gRPC connects lazily; failures surface as
-  // a failed Send or through `on_error`).
-  Downstream(const protocol::DownstreamHop& hop, const DownstreamCredentials& credentials,
-             std::function<void(protocol::Status)> on_error);
+  // Dials `hop.address` and, once the channel is connected (TLS handshake included), opens the
+  // Seam stream into *out. UNAVAILABLE (retryable, naming the next hop) when it is not
+  // connected by `connect_by`. Only connecting has a deadline: the stream lives as long as the
+  // session, and later failures surface as a failed Send or through `on_error`.
+  // `abandoned` is asked every 100 ms while connecting: true (the upstream went away) stops the
+  // wait with CANCELLED, so a session whose client left does not hold its thread and lock.
+  static protocol::Status Open(const protocol::DownstreamHop& hop,
+                               const DownstreamCredentials& credentials,
+                               std::chrono::steady_clock::time_point connect_by,
+                               const std::function<bool()>& abandoned,
+                               std::function<void(protocol::Status)> on_error,
+                               std::unique_ptr<Downstream>* out);
   ~Downstream();  // Close()
   Downstream(const Downstream&) = delete;
   Downstream& operator=(const Downstream&) = delete;
@@ -45,6 +59,8 @@ class Downstream {
 
  private:
   struct Stream;  // the gRPC stub, context and stream
+  Downstream(const protocol::DownstreamHop& hop, std::function<void(protocol::Status)> on_error,
+             std::unique_ptr<Stream> stream);
   void Read();
 
   protocol::DownstreamHop hop_;

@@ -55,8 +55,19 @@ Status CheckTicket(const std::optional<protocol::RouteTicket>& ticket,
     return denied("expired at " + std::to_string(body.expires_unix_ms) + " (now " +
                   std::to_string(now_unix_ms) + ")");
   }
+  Status range = CheckEffectiveStart(body.range, hop);
+  if (!range.ok()) return range;
   *out = std::move(body);
   return OkStatus();
+}
+
+Status CheckEffectiveStart(const protocol::ShardRange& range, const HopIdentity& hop) {
+  if (range.effective_start == 0 || range.effective_start == hop.layer_start) return OkStatus();
+  const std::string s = std::to_string(hop.layer_start);
+  return protocol::InvalidArgumentError(
+      "this GGUF hop runs layers [" + s + ", " + std::to_string(hop.layer_end) + ") only from " +
+      s + "; effective start " + std::to_string(range.effective_start) +
+      " is not supported (the tracker routes GGUF nodes at exact boundaries)");
 }
 
 Status CheckDownstream(const protocol::Ticket& ticket,

@@ -42,10 +42,18 @@ protocol::Status CheckFrameHeader(const protocol::SeamFrame& frame);
 
 // Step 2: `ticket` admits `session` on this hop at `now_unix_ms`. UNAUTHENTICATED when it is
 // absent or its signature does not verify; PERMISSION_DENIED when it is for another session,
-// epoch, node or range, or has expired. Fills *out on success.
+// epoch, node or range, or has expired; INVALID_ARGUMENT when its range has an effective start
+// this hop cannot run from (CheckEffectiveStart). Fills *out on success.
 protocol::Status CheckTicket(const std::optional<protocol::RouteTicket>& ticket,
                              const protocol::RouteSession& session, const HopIdentity& hop,
                              uint64_t now_unix_ms, protocol::Ticket* out);
+
+// A range (a ticket's, or a frame's when it carries one) this hop can run: input entering at
+// layer_start. The GGUF hop always runs its whole registered range, so an effective start b
+// other than layer_start (a previous hop already ran [layer_start, b)) would run layers twice:
+// INVALID_ARGUMENT, not retryable. effective_start 0 is proto3's "unset" and reads as
+// layer_start (every honest sender fills it; 0 < layer_start names no real route).
+protocol::Status CheckEffectiveStart(const protocol::ShardRange& range, const HopIdentity& hop);
 
 // Step 5: the frame's downstream list agrees with the ticket. A last-hop ticket (no
 // downstream_node_id) admits no downstream, and a non-last hop needs one; downstream[0] must

@@ -31,7 +31,7 @@ struct Fixture {
     body.session_id = "s";
     body.epoch = 4;
     body.node_id = "n-mid";
-    body.range = protocol::ShardRange{2, 4, 3};
+    body.range = protocol::ShardRange{2, 4, 2};
     body.downstream_node_id = "n-last";
     body.downstream_address = "10.0.0.2:7000";
     body.downstream_tls_certificate = "PEM";
@@ -76,7 +76,33 @@ TEST(HopTest, TicketFields) {
   EXPECT_EQ(with([](auto& b) { b.range.layer_start = 1; }), Code::kPermissionDenied);
   EXPECT_EQ(with([](auto& b) { b.range.layer_end = 5; }), Code::kPermissionDenied);
   EXPECT_EQ(with([](auto& b) { b.expires_unix_ms = kNow; }), Code::kPermissionDenied);
-  EXPECT_EQ(with([](auto& b) { b.range.effective_start = 2; }), Code::kOk);
+  EXPECT_EQ(with([](auto& b) { b.range.effective_start = 0; }), Code::kOk);  // unset
+  EXPECT_EQ(with([](auto& b) { b.range.effective_start = 3; }), Code::kInvalidArgument);
+}
+
+// A GGUF hop always runs its whole registered range, so it refuses any other effective start
+// (tickets and frames alike) instead of running layers a previous hop already ran.
+TEST(HopTest, EffectiveStartMustBeTheRangesStart) {
+  Fixture f;
+  EXPECT_TRUE(CheckEffectiveStart({2, 4, 2}, f.hop).ok());
+  EXPECT_TRUE(CheckEffectiveStart({2, 4, 0}, f.hop).ok());  // proto3 unset: from layer_start
+  for (uint32_t b : {1u, 3u, 4u, 9u}) {
+    protocol::Status status = CheckEffectiveStart({2, 4, b}, f.hop);
+    EXPECT_EQ(status.code, Code::kInvalidArgument) << b;
+    EXPECT_FALSE(status.retryable);
+    EXPECT_EQ(status.message, "this GGUF hop runs layers [2, 4) only from 2; effective start " +
+                                  std::to_string(b) +
+                                  " is not supported (the tracker routes GGUF nodes at exact "
+                                  "boundaries)");
+  }
+  protocol::Ticket body = f.Body();
+  body.range.effective_start = 3;
+  protocol::Ticket out;
+  out.node_id = "untouched";
+  protocol::Status status =
+      CheckTicket(f.tracker.SignTicket(body), f.session, f.hop, kNow, &out);
+  EXPECT_EQ(status.code, Code::kInvalidArgument);
+  EXPECT_EQ(out.node_id, "untouched");  // nothing admitted
 }
 
 TEST(HopTest, DownstreamMustBeTheTicketsOwn) {

@@ -6,14 +6,21 @@
 //   [--threads=N] [--max_sessions=N] [--n_ctx=N] [--max_batch_tokens=N]
 //   [--max_prefill_chunk=N] [--queue=N] [--idle_seconds=S] [--unified_kv=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
-//   [--ticket_deadline_ms=MS]
+//   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
+//   [--parent_pid=PID]
 // Route tickets are verified with the tracker's key (docs/adr/0003-identities-and-route-
 // tickets.md); the shard service is served over TLS with the given certificate, or plaintext
 // only with --insecure=1 (which also dials downstream hops in plaintext). Exits 2 on a missing
 // or malformed flag. Prints {"event":"listening","port":N} on stdout once serving; SIGTERM or
-// SIGINT drains (in-flight RPCs get up to 5 s) and exits 0.
+// SIGINT drains (in-flight RPCs get up to 5 s) and exits 0. The server pings every connection
+// that is quiet for --keepalive_ms and closes it when the ping is not answered within as long,
+// so the sessions of a peer that vanished (host down, link cut, process stopped) are freed.
+// With --parent_pid (the node's pid) the kernel kills the worker when its node dies
+// (PR_SET_PDEATHSIG), and it exits at once if that parent is already gone: no orphan workers.
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -73,6 +80,13 @@ int main(int argc, char** argv) {
     std::cerr << "usage: worker --model=PATH --node_id=ID --tracker_key=HEX "
                  "(--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] ...\n";
     return 2;
+  }
+  if (flags.count("parent_pid")) {
+    const long parent = std::atol(flags["parent_pid"].c_str());
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) {
+      std::cerr << "worker: parent " << parent << " is gone (or PR_SET_PDEATHSIG failed)\n";
+      return 3;
+    }
   }
   meshnet::protocol::PublicKey tracker_key{};
   if (!meshnet::protocol::ParsePublicKeyHex(flags["tracker_key"], &tracker_key)) {
@@ -146,6 +160,15 @@ int main(int argc, char** argv) {
   service_options.sessions.idle = std::chrono::seconds(Int(flags, "idle_seconds", 300));
   service_options.ticket_deadline =
       std::chrono::milliseconds(Int(flags, "ticket_deadline_ms", 10000));
+  // A step without a budget_ms fails DEADLINE_EXCEEDED after this; connecting to the next hop
+  // fails UNAVAILABLE after the other (or the step's deadline, if sooner).
+  service_options.max_step = std::chrono::milliseconds(Int(flags, "max_step_ms", 120000));
+  service_options.connect_timeout =
+      std::chrono::milliseconds(Int(flags, "connect_timeout_ms", 10000));
+  if (service_options.max_step.count() <= 0 || service_options.connect_timeout.count() <= 0) {
+    std::cerr << "worker: --max_step_ms and --connect_timeout_ms must be positive\n";
+    return 2;
+  }
   auto service = std::make_unique<meshnet::worker::ShardService>(scheduler.get(), service_options);
 
   std::shared_ptr<grpc::ServerCredentials> credentials;
@@ -163,6 +186,15 @@ int main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(kMaxFrameBytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              Int(flags, "max_concurrent_streams", 32));
+  const int keepalive_ms = Int(flags, "keepalive_ms", 2000);
+  if (keepalive_ms <= 0) {
+    std::cerr << "worker: --keepalive_ms must be positive\n";
+    return 2;
+  }
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   grpc::ResourceQuota quota("meshnet-worker");
   quota.SetMaxThreads(Int(flags, "max_threads", 64));
   builder.SetResourceQuota(quota);

@@ -45,6 +45,9 @@ std::unique_ptr<Scheduler> Scheduler::Start(const SchedulerOptions& options,
   std::future<bool> ready = opened.get_future();
   Scheduler* raw = scheduler.get();
   scheduler->thread_ = std::thread([raw, error, &opened] { raw->Run(error, &opened); });
+  // Not an unbounded wait of ours: Run sets `opened` on every path, right after the model and
+  // context open (or fail to). Only the load itself takes time, and a worker that never prints
+  // "listening" is killed by the node's start timeout (python/meshnet/node/worker.py).
   if (!ready.get()) {
     scheduler->thread_.join();
     return nullptr;
@@ -101,7 +104,16 @@ Status Scheduler::Submit(WorkItem item) {
 void Scheduler::Release(int32_t seq, std::function<void()> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    releases_.emplace_back(seq, std::move(done));
+    forgets_.push_back({seq, 0, true, std::move(done)});
+  }
+  wake_.notify_one();
+}
+
+void Scheduler::Truncate(int32_t seq, int32_t pos) {
+  if (seq < 0 || seq >= static_cast<int32_t>(lengths_.size())) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    forgets_.push_back({seq, std::max(0, pos), false, nullptr});
   }
   wake_.notify_one();
 }
@@ -128,8 +140,8 @@ void Scheduler::Run(std::string* error, std::promise<bool>* opened) {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [this] { return stopping_ || !pending_.empty() || !releases_.empty(); });
-      if (stopping_ && pending_.empty() && releases_.empty()) break;
+      wake_.wait(lock, [this] { return stopping_ || !pending_.empty() || !forgets_.empty(); });
+      if (stopping_ && pending_.empty() && forgets_.empty()) break;
     }
     Step(*ctx);
   }
@@ -143,21 +155,30 @@ uint64_t Scheduler::KvCells() const {
   return cells;
 }
 
+void Scheduler::Undo(engine::Context& ctx, const Pending& p) {
+  if (p.done_rows == 0) return;  // never ran: nothing in the KV
+  ctx.RemoveFrom(p.item.seq, p.item.pos);
+  lengths_[p.item.seq] = std::min(lengths_[p.item.seq], p.item.pos);
+}
+
 void Scheduler::Step(engine::Context& ctx) {
-  std::vector<std::pair<int32_t, std::function<void()>>> releases;
-  std::vector<std::shared_ptr<Pending>> cancelled, planned;
+  std::vector<Forget> forgets;
+  std::vector<std::shared_ptr<Pending>> cancelled, expired, planned;
   std::vector<Slice> plan;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    releases.swap(releases_);
-    for (const auto& [seq, unused] : releases) {
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        if ((*it)->item.seq == seq) {
-          cancelled.push_back(*it);
-          it = pending_.erase(it);
-        } else {
-          ++it;
-        }
+    forgets.swap(forgets_);
+    const Clock::time_point now = Clock::now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      const WorkItem& item = (*it)->item;
+      const bool released = std::any_of(forgets.begin(), forgets.end(), [&](const Forget& f) {
+        return f.release && f.seq == item.seq;
+      });
+      if (released || now >= item.deadline || (item.claim && item.claim->abandoned())) {
+        (released ? cancelled : expired).push_back(*it);
+        it = pending_.erase(it);
+      } else {
+        ++it;
       }
     }
     std::vector<PendingView> views;
@@ -168,19 +189,30 @@ void Scheduler::Step(engine::Context& ctx) {
     for (const Slice& slice : plan) planned.push_back(pending_[slice.item]);
     stats_.queue_depth = static_cast<int>(pending_.size());
   }
-  for (const auto& [seq, unused] : releases) {
-    ctx.Release(seq);
-    lengths_[seq] = 0;
+  for (const Forget& forget : forgets) {
+    if (forget.release) {
+      ctx.Release(forget.seq);
+      lengths_[forget.seq] = 0;
+    } else {
+      ctx.RemoveFrom(forget.seq, forget.from);
+      lengths_[forget.seq] = std::min(lengths_[forget.seq], forget.from);
+    }
   }
-  if (!releases.empty()) {
+  for (const auto& p : expired) Undo(ctx, *p);
+  if (!forgets.empty() || !expired.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.kv_cells_used = KvCells();
   }
-  for (auto& [seq, done] : releases) {
-    if (done) done();
+  for (auto& forget : forgets) {
+    if (forget.done) forget.done();
   }
   for (const auto& p : cancelled) {
     p->item.done(MakeError(Code::kCancelled, "sequence released"), {});
+  }
+  for (const auto& p : expired) {
+    p->item.done(MakeError(Code::kDeadlineExceeded, "step past its deadline before it was done",
+                           true),
+                 {});
   }
   if (plan.empty()) return;
 
@@ -202,7 +234,7 @@ void Scheduler::Step(engine::Context& ctx) {
   bool ok = ctx.Decode(batch, &error);
   const auto decode_us = std::chrono::duration_cast<std::chrono::microseconds>(
       std::chrono::steady_clock::now() - decode_start).count();
-  std::vector<std::shared_ptr<Pending>> finished;
+  std::vector<std::shared_ptr<Pending>> finished, abandoned;
   int row = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     Pending& p = *planned[i];
@@ -223,7 +255,12 @@ void Scheduler::Step(engine::Context& ctx) {
     }
     p.done_rows += plan[i].count;
     lengths_[p.item.seq] = p.item.pos + p.done_rows;
-    if (p.done_rows == p.rows) finished.push_back(planned[i]);
+    if (p.done_rows < p.rows) continue;
+    if (p.item.claim && !p.item.claim->Claim()) {  // its waiter gave up meanwhile
+      Undo(ctx, p);
+      abandoned.push_back(planned[i]);
+    }
+    finished.push_back(planned[i]);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -240,7 +277,9 @@ void Scheduler::Step(engine::Context& ctx) {
     stats_.kv_cells_used = KvCells();
   }
   for (const auto& p : finished) {
-    if (ok) {
+    if (std::count(abandoned.begin(), abandoned.end(), p)) {
+      p->item.done(MakeError(Code::kDeadlineExceeded, "step abandoned by its waiter", true), {});
+    } else if (ok) {
       p->item.done(OkStatus(), std::move(p->out));
     } else {
       p->item.done(MakeError(Code::kInternal, "decode failed: " + error, true), {});

@@ -11,7 +11,10 @@
 // Invariants: at most one slice of a sequence per batch, and an item's rows enter the KV in
 // order; Submit never waits for room (RESOURCE_EXHAUSTED when `max_queue` items are pending);
 // Release(seq) fails that sequence's pending items with CANCELLED and drops its KV before any
-// later batch. Threading: Submit/Release/Stats/Stop from any thread; callbacks run on the engine
+// later batch; Truncate(seq, pos) drops positions >= pos before any later batch. An item past
+// its deadline before a batch, or abandoned by its waiter (cpp/worker/deadline.h), is dropped
+// with DEADLINE_EXCEEDED, and so is one whose waiter abandoned it while its last batch ran:
+// either way none of its rows stay in the KV (the sequence holds what it held before it). Threading: Submit/Release/Stats/Stop from any thread; callbacks run on the engine
 // thread and must not block or call back into the scheduler.
 #ifndef MESHNET_CPP_WORKER_SCHEDULER_H_
 #define MESHNET_CPP_WORKER_SCHEDULER_H_
@@ -30,6 +33,7 @@
 
 #include "cpp/engine/engine.h"
 #include "cpp/protocol/status.h"
+#include "cpp/worker/deadline.h"
 
 namespace meshnet::worker {
 
@@ -67,6 +71,9 @@ struct WorkItem {
   int32_t pos = 0;                   // position of the first row; rows are pos, pos+1, ...
   std::vector<int32_t> tokens;       // first shard: one per row
   std::vector<float> hidden;         // other shards: rows * n_embd floats
+  // Not fully decoded by then: dropped (its rows taken back out) with DEADLINE_EXCEEDED.
+  Clock::time_point deadline = Clock::time_point::max();
+  std::shared_ptr<StepClaim> claim;  // optional: claimed before `done` gets an OK
   // Engine thread: OK with hidden rows (rows * n_embd) or the last row's logits (n_vocab).
   std::function<void(const protocol::Status&, std::vector<float>)> done;
 };
@@ -111,6 +118,9 @@ class Scheduler {
   protocol::Status Submit(WorkItem item);
   // Drops `seq`'s KV on the engine thread, then calls `done` there.
   void Release(int32_t seq, std::function<void()> done);
+  // Drops `seq`'s positions >= `pos` on the engine thread before any later batch (a step that
+  // was computed but then failed on this hop); pending items are kept.
+  void Truncate(int32_t seq, int32_t pos);
   SchedulerStats Stats() const;
   // Finishes pending work, then joins the engine thread. Idempotent.
   void Stop();
@@ -123,9 +133,18 @@ class Scheduler {
     std::vector<float> out;
   };
 
+  struct Forget {  // a Release (drops everything, cancels pending) or a Truncate
+    int32_t seq = 0;
+    int32_t from = 0;
+    bool release = false;
+    std::function<void()> done;
+  };
+
   explicit Scheduler(const SchedulerOptions& options);
   void Run(std::string* error, std::promise<bool>* opened);
   void Step(engine::Context& ctx);   // engine thread only
+  // Engine thread: takes `p`'s rows back out of the KV.
+  void Undo(engine::Context& ctx, const Pending& p);
   uint64_t KvCells() const;          // engine thread only
 
   SchedulerOptions options_;
@@ -134,7 +153,7 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Pending>> pending_;
-  std::vector<std::pair<int32_t, std::function<void()>>> releases_;
+  std::vector<Forget> forgets_;
   bool stopping_ = false;
   SchedulerStats stats_;
   std::vector<int32_t> lengths_;  // engine thread: positions held per seq

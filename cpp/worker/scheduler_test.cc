@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpp/engine/tiny_llama.h"
@@ -214,6 +216,123 @@ TEST(SchedulerTest, RefusesBadItemsAndFullQueue) {
   third.done = [](const protocol::Status&, std::vector<float>) {};
   EXPECT_EQ(tail->Submit(std::move(third)).code, Code::kResourceExhausted);
   gate.set_value();
+}
+
+// Holds the engine thread inside a 1-token item's callback (on `seq`) until Open(), standing in
+// for a long prefill of another session: whatever is submitted meanwhile waits in the queue.
+class EngineGate {
+ public:
+  EngineGate(Scheduler& scheduler, int32_t seq, std::function<void()> on_done = nullptr) {
+    std::shared_future<void> open = gate_.get_future().share();
+    WorkItem item = Tokens(seq, 0, {11});
+    item.done = [open, on_done, this](const protocol::Status&, std::vector<float>) {
+      if (on_done) on_done();
+      entered_.set_value();
+      open.wait();
+    };
+    EXPECT_TRUE(scheduler.Submit(std::move(item)).ok());
+  }
+  ~EngineGate() { Open(); }
+  void WaitEntered() { entered_.get_future().wait(); }
+  void Open() {
+    if (!opened_) gate_.set_value();
+    opened_ = true;
+  }
+
+ private:
+  std::promise<void> gate_, entered_;
+  bool opened_ = false;
+};
+
+struct Outcome {
+  std::promise<std::pair<protocol::Status, std::vector<float>>> promise;
+  std::future<std::pair<protocol::Status, std::vector<float>>> future = promise.get_future();
+  WorkItem Bind(WorkItem item) {
+    item.done = [this](const protocol::Status& status, std::vector<float> out) {
+      promise.set_value({status, std::move(out)});
+    };
+    return item;
+  }
+};
+
+TEST(SchedulerTest, StepPastItsDeadlineIsNotComputedAndOthersAreUnaffected) {
+  std::string path = Fixture();
+  std::string error;
+  auto solo = Scheduler::Start(Options(path, 0, -1), &error);
+  ASSERT_NE(solo, nullptr) << error;
+  const std::vector<int32_t> long_prompt(40, 7), b = {2, 4, 6};
+  std::vector<float> solo_long = RunAll(*solo, {Tokens(0, 0, long_prompt)})[0];
+  std::vector<float> solo_b = RunAll(*solo, {Tokens(1, 0, b)})[0];
+
+  auto scheduler = Scheduler::Start(Options(path, 0, -1), &error);
+  ASSERT_NE(scheduler, nullptr) << error;
+  EngineGate gate(*scheduler, 2);
+  gate.WaitEntered();
+  Outcome long_prefill, late;
+  ASSERT_TRUE(scheduler->Submit(long_prefill.Bind(Tokens(0, 0, long_prompt))).ok());
+  WorkItem budgeted = late.Bind(Tokens(1, 0, b));
+  budgeted.deadline = Clock::now() + std::chrono::milliseconds(1);  // a 1 ms budget
+  budgeted.claim = std::make_shared<StepClaim>();
+  const Clock::time_point deadline = budgeted.deadline;
+  ASSERT_TRUE(scheduler->Submit(std::move(budgeted)).ok());
+  while (Clock::now() <= deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  gate.Open();
+
+  auto [late_status, late_out] = late.future.get();
+  EXPECT_EQ(late_status.code, Code::kDeadlineExceeded) << late_status.ToString();
+  EXPECT_TRUE(late_status.retryable);
+  EXPECT_TRUE(late_out.empty());
+  auto [long_status, long_out] = long_prefill.future.get();
+  ASSERT_TRUE(long_status.ok()) << long_status.ToString();
+  ExpectNear(long_out, solo_long);
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 1u + 40u);  // nothing of the late step
+  // Its sequence is as it was: the same step without a deadline gives the solo output.
+  ExpectNear(RunAll(*scheduler, {Tokens(1, 0, b)})[0], solo_b);
+}
+
+TEST(SchedulerTest, AbandonedStepIsTakenBackOutOfTheKv) {
+  std::string path = Fixture();
+  std::string error;
+  auto scheduler = Scheduler::Start(Options(path, 0, -1), &error);
+  ASSERT_NE(scheduler, nullptr) << error;
+  const std::vector<int32_t> a = {1, 5, 9, 13, 17, 21, 25};  // 3 batches of max_prefill_chunk 3
+  std::vector<float> solo_a = RunAll(*scheduler, {Tokens(0, 0, a)})[0];
+  std::promise<void> released;
+  scheduler->Release(0, [&released] { released.set_value(); });
+  released.get_future().get();
+  ASSERT_EQ(scheduler->Stats().kv_cells_used, 0u);
+
+  auto claim = std::make_shared<StepClaim>();
+  EngineGate hold(*scheduler, 3);
+  hold.WaitEntered();
+  // Runs in the same first batch as a's first chunk, then its waiter gives up on a.
+  EngineGate abandon(*scheduler, 2, [claim] { EXPECT_TRUE(claim->Abandon()); });
+  Outcome outcome;
+  WorkItem item = outcome.Bind(Tokens(0, 0, a));
+  item.claim = claim;
+  ASSERT_TRUE(scheduler->Submit(std::move(item)).ok());
+  hold.Open();
+  abandon.Open();
+  auto [status, out] = outcome.future.get();
+  EXPECT_EQ(status.code, Code::kDeadlineExceeded) << status.ToString();
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 2u);  // the two gates' tokens only
+  ExpectNear(RunAll(*scheduler, {Tokens(0, 0, a)})[0], solo_a);
+}
+
+TEST(SchedulerTest, TruncateDropsAStepsRows) {
+  std::string path = Fixture();
+  std::string error;
+  auto scheduler = Scheduler::Start(Options(path, 0, -1), &error);
+  ASSERT_NE(scheduler, nullptr) << error;
+  const std::vector<int32_t> a = {1, 5, 9, 13, 17, 21, 25};
+  RunAll(*scheduler, {Tokens(0, 0, a)});
+  std::vector<float> step = RunAll(*scheduler, {Tokens(0, 7, {40})})[0];
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 8u);
+  scheduler->Truncate(0, 7);
+  std::vector<float> again = RunAll(*scheduler, {Tokens(0, 7, {40})})[0];
+  ExpectNear(again, step);
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 8u);
 }
 
 }  // namespace

@@ -57,21 +57,6 @@ HopIdentity MakeIdentity(const ServiceOptions& options, const Scheduler& schedul
   return hop;
 }
 
-// The frame the next hop gets for `frame`: its own range and ticket, the rest of the route.
-protocol::SeamFrame NextHopFrame(const protocol::SeamFrame& frame,
-                                 const protocol::DownstreamHop& next) {
-  protocol::SeamFrame out = frame;
-  out.token_ids.clear();
-  out.range = next.range;
-  out.ticket.reset();
-  out.downstream.clear();
-  if (!frame.downstream.empty()) {
-    out.ticket = frame.downstream[0].ticket;
-    out.downstream.assign(frame.downstream.begin() + 1, frame.downstream.end());
-  }
-  return out;
-}
-
 }  // namespace
 
 // One Seam call. Replies may be written from the reader loop and from a Downstream reader;
@@ -299,6 +284,7 @@ grpc::Status ShardService::Seam(grpc::ServerContext* context,
 std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& message,
                                                         const std::shared_ptr<Stream>& stream,
                                                         std::set<SessionKey>* owned) {
+  const Clock::time_point received = Clock::now();  // a step's budget counts from here
   protocol::SeamFrame frame;
   protocol::FromProto(message, &frame);
   // ADR 0003's order; nothing below creates state until the ticket and the fence passed.
@@ -321,6 +307,10 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
       return Reply(frame, MakeError(Code::kPermissionDenied,
                                     "session is bound to another stream"));
     }
+  }
+  if (frame.range.has_value()) {  // a ticket's range passed the same check in CheckTicket
+    Status range = CheckEffectiveStart(*frame.range, identity_);
+    if (!range.ok()) return Reply(frame, range);
   }
   std::vector<EndedSession> fenced;
   Status fence = table_.Fence(key.first, key.second, bound ? 0 : ticket.expires_unix_ms, now_ms,
@@ -377,7 +367,7 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
     std::optional<protocol::SeamReply> replayed = table_.Replay(key, frame.step, &older);
     if (replayed.has_value()) return replayed;
     if (!older.ok()) return Reply(frame, older);
-    reply = Step(key, info, *live, frame);
+    reply = Step(key, info, *live, frame, received);
   }
   // A session whose first step failed (bad input, full queue, next hop lost) holds nothing a
   // retry could use: end it now so it neither keeps a sequence id nor leaves stray KV.
@@ -391,7 +381,8 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
 
 std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
                                                       const SessionInfo& info, Live& live,
-                                                      const protocol::SeamFrame& frame) {
+                                                      const protocol::SeamFrame& frame,
+                                                      Clock::time_point received) {
   if (!frame.span.has_value() || frame.span->count == 0) {
     return Reply(frame, protocol::InvalidArgumentError("prefill/decode frame without a token span"));
   }
@@ -430,21 +421,31 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   }
   if (frame.sampling.has_value()) live.sampler = std::make_unique<engine::Sampler>(*frame.sampling);
 
-  auto result = std::make_shared<std::promise<std::pair<Status, std::vector<float>>>>();
-  auto ready = result->get_future();
+  const StepDeadline deadline(received, frame.budget_ms, options_.max_step);
+  const Status late = deadline.Exceeded(frame.step, options_.node_id);
+  if (deadline.Spent(Clock::now())) return Reply(frame, late);
+  item.deadline = deadline.deadline();
+  item.claim = std::make_shared<StepClaim>();
+  std::shared_ptr<StepClaim> claim = item.claim;
+  // The engine may finish (or drop) the step after this wait gave up: it owns the promise.
+  auto result = std::make_shared<std::promise<StepOutcome>>();
+  std::future<StepOutcome> ready = result->get_future();
   item.done = [result](const Status& status, std::vector<float> out) {
     result->set_value({status, std::move(out)});
   };
   Status submitted = scheduler_->Submit(std::move(item));
-  std::pair<Status, std::vector<float>> outcome =
-      submitted.ok() ? ready.get() : std::make_pair(submitted, std::vector<float>());
+  if (!submitted.ok()) return Reply(frame, submitted);
+  StepOutcome outcome = WaitForStep(ready, *claim, deadline.deadline(), late);
   if (!outcome.first.ok()) return Reply(frame, outcome.first);  // Handle ends a new session
   const uint64_t length = start + count;
   if (scheduler_->last()) {
     Emit(live, frame, outcome.second, length);
   } else {
-    Status forwarded = Forward(live, frame, outcome.second);
-    if (!forwarded.ok()) return Reply(frame, forwarded);
+    Status forwarded = Forward(live, frame, outcome.second, deadline);
+    if (!forwarded.ok()) {  // the step did not happen: take its rows back out of the KV
+      scheduler_->Truncate(info.seq, static_cast<int32_t>(start));
+      return Reply(frame, forwarded);
+    }
   }
   protocol::SeamReply reply = Reply(frame, OkStatus(), length);
   table_.RecordStep(key, frame.step, reply, length, count, frame.phase == Phase::kDecode);
@@ -489,7 +490,7 @@ Status ShardService::Hidden(Live& live, const protocol::SeamFrame& frame,
 }
 
 Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
-                             const std::vector<float>& hidden) {
+                             const std::vector<float>& hidden, const StepDeadline& deadline) {
   if (live.downstream == nullptr) {
     // Only the hop the ticket names, and only over TLS that trusts the ticket's certificate.
     Status route = CheckDownstream(live.ticket, frame.downstream, false, !options_.insecure);
@@ -497,9 +498,11 @@ Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
     std::shared_ptr<Stream> upstream = live.upstream;
     protocol::RouteSession session = live.session;
     std::atomic<uint64_t>* last_step = &live.last_step;
-    live.downstream = std::make_unique<Downstream>(
+    Status opened = Downstream::Open(
         frame.downstream[0],
         DownstreamCredentials{options_.insecure, live.ticket.downstream_tls_certificate},
+        std::min(deadline.deadline(), Clock::now() + options_.connect_timeout),
+        [upstream] { return upstream->context->IsCancelled(); },
         [upstream, session, last_step](Status status) {
           protocol::SeamReply reply;
           reply.version = protocol::CurrentVersion();
@@ -507,8 +510,15 @@ Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
           reply.step = last_step->load();
           reply.status = std::move(status);
           upstream->Write(reply);
-        });
+        },
+        &live.downstream);
+    if (!opened.ok()) {
+      return deadline.Spent(Clock::now()) ? deadline.Exceeded(frame.step, options_.node_id)
+                                          : opened;
+    }
   }
+  const Clock::time_point now = Clock::now();
+  if (deadline.Spent(now)) return deadline.Exceeded(frame.step, options_.node_id);
   const uint64_t rows = frame.span->count;
   std::vector<protocol::Tensor> tensors = {protocol::TensorFromFloats(
       kHidden, protocol::DType::kF32, {rows, static_cast<uint64_t>(scheduler_->n_embd())},
@@ -519,6 +529,7 @@ Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
                                           limits.max_fragment_bytes, limits, &fragments);
   if (!encoded.ok()) return encoded;
   protocol::SeamFrame next = NextHopFrame(frame, live.downstream->hop());
+  next.budget_ms = deadline.Remaining(now);
   for (protocol::TensorFragment& fragment : fragments) {
     next.fragment = std::move(fragment);
     if (!live.downstream->Send(next)) {

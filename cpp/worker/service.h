@@ -7,9 +7,12 @@
 // named by the ticket), replays repeated steps from the record, submits the step to the
 // Scheduler and waits for it, then forwards hidden rows to the next hop (cpp/worker/downstream.h)
 // or, on the last hop, samples a token into the session's Results queue (cpp/worker/results.h).
-// Release, cancel, fencing, upstream stream loss and idle timeout all end a session: its KV is
-// dropped on the engine thread, a release/cancel travels on, and its Results stream closes. A
-// Seam stream that presents no valid ticket within `ticket_deadline` is cancelled.
+// A step is bounded by its frame's budget_ms, else by max_step (cpp/worker/deadline.h): one
+// not done in time is answered DEADLINE_EXCEEDED and leaves no rows in this hop's KV, and the
+// next hop gets what is left of the budget. Release, cancel, fencing, upstream stream loss and
+// idle timeout all end a session: its KV is dropped on the engine thread, a release/cancel
+// travels on, and its Results stream closes. A Seam stream that presents no valid ticket within
+// `ticket_deadline` is cancelled.
 //
 // Protobuf types stop here (and in downstream.cc): below, only cpp/protocol's native structs.
 // Threading: the gRPC methods run on gRPC threads; the service owns a reaper thread (idle
@@ -31,6 +34,7 @@
 
 #include "cpp/protocol/seam.h"
 #include "cpp/protocol/ticket.h"
+#include "cpp/worker/deadline.h"
 #include "cpp/worker/hop.h"
 #include "cpp/worker/results.h"
 #include "cpp/worker/scheduler.h"
@@ -55,6 +59,12 @@ struct ServiceOptions {
   std::chrono::milliseconds results_grace{10000};
   // A Seam stream that has not presented a valid ticket by then is cancelled.
   std::chrono::milliseconds ticket_deadline{10000};
+  // The longest a step may take on this hop when its frame gives no budget_ms (and the most a
+  // budget may claim): past it the step is answered DEADLINE_EXCEEDED (--max_step_ms).
+  std::chrono::milliseconds max_step{120000};
+  // How long connecting to the next hop may take (--connect_timeout_ms), within the step's own
+  // deadline; then the step fails UNAVAILABLE naming that hop.
+  std::chrono::milliseconds connect_timeout{10000};
   int max_results_queues = 0;  // queues Results readers may open; 0: 2 * max_sessions
   // TakeWork answers only calls whose "x-meshnet-supervisor" metadata equals this token (the
   // node's, from $MESHNET_SUPERVISOR_TOKEN); empty refuses every caller.
@@ -100,11 +110,12 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
                                             const std::shared_ptr<Stream>& stream,
                                             std::set<SessionKey>* owned);
   std::optional<protocol::SeamReply> Step(const SessionKey& key, const SessionInfo& info,
-                                          Live& live, const protocol::SeamFrame& frame);
+                                          Live& live, const protocol::SeamFrame& frame,
+                                          Clock::time_point received);
   protocol::Status Hidden(Live& live, const protocol::SeamFrame& frame,
                           std::vector<float>* hidden, bool* complete);
   protocol::Status Forward(Live& live, const protocol::SeamFrame& frame,
-                           const std::vector<float>& hidden);
+                           const std::vector<float>& hidden, const StepDeadline& deadline);
   void Emit(Live& live, const protocol::SeamFrame& frame, const std::vector<float>& logits,
             uint64_t length);
   void End(const SessionKey& key, protocol::FinishReason reason, const protocol::Status& status,

@@ -4,10 +4,18 @@
 // replayed, the ledger counts each token once, a stream without a ticket is cut.
 #include "cpp/worker/service.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <optional>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -215,6 +223,223 @@ TEST(ServiceDeadlineTest, StreamWithoutTicketIsCut) {
   ASSERT_TRUE(honest->Read(&reply));
   honest->WritesDone();
   EXPECT_TRUE(honest->Finish().ok());
+}
+
+// Holds `hop`'s engine thread in the callback of a 1-token item on `seq` (a sequence id the
+// session table never hands out) until destroyed or Open(): steps submitted meanwhile queue.
+class EngineGate {
+ public:
+  EngineGate(Scheduler& scheduler, int32_t seq) {
+    std::shared_future<void> open = gate_.get_future().share();
+    WorkItem item;
+    item.seq = seq;
+    item.tokens = {11};
+    item.done = [open, this](const protocol::Status&, std::vector<float>) {
+      entered_.set_value();
+      open.wait();
+    };
+    EXPECT_TRUE(scheduler.Submit(std::move(item)).ok());
+    entered_.get_future().wait();
+  }
+  ~EngineGate() { Open(); }
+  void Open() {
+    if (!opened_) gate_.set_value();
+    opened_ = true;
+  }
+
+ private:
+  std::promise<void> gate_, entered_;
+  bool opened_ = false;
+};
+
+// A step whose budget runs out while it waits for the engine is answered DEADLINE_EXCEEDED and
+// leaves nothing behind: a later step of the same session gives the whole model's token, and a
+// session whose first step it was holds no sequence.
+TEST(ServiceDeadlineTest, BudgetSpentInTheQueueLeavesTheSessionAsItWas) {
+  std::string path = test_support::WriteFixture("service_test_budget.gguf");
+  const std::vector<int32_t> prompt = {1, 7, 9, 12, 20, 3};
+  std::vector<uint32_t> expected = test_support::WholeModelGreedy(path, prompt, 2);
+  test_support::FakeTracker tracker;
+  ServiceOptions service_options;
+  service_options.tracker_key = tracker.key.public_key();
+  service_options.sessions.max_sessions = 2;  // sequence 2 is the gate's
+  test_support::TestHop hop(path, 0, -1, "hop", 3, service_options);
+  ASSERT_TRUE(hop.server);
+  const std::vector<const test_support::TestHop*> route = {&hop};
+  auto stub = hop.NewStub();
+  grpc::ClientContext results_context, seam_context;
+  auto results = stub->Results(&results_context, tracker.Results(route, kSession));
+  auto seam = stub->Seam(&seam_context);
+  auto exchange = [&](const protocol::SeamFrame& frame) {
+    pb::SeamFrame message;
+    protocol::ToProto(frame, &message);
+    EXPECT_TRUE(seam->Write(message));
+    pb::SeamReply reply;
+    EXPECT_TRUE(seam->Read(&reply));
+    protocol::SeamReply out;
+    protocol::FromProto(reply, &out);
+    return out.status.value_or(protocol::InternalError("no status"));
+  };
+  auto token = [&] {
+    pb::ResultFrame message;
+    EXPECT_TRUE(results->Read(&message));
+    return message.tokens_size() == 1 ? message.tokens(0).token_id() : ~0u;
+  };
+  protocol::SeamFrame prefill = Frame(protocol::Phase::kPrefill, 1);
+  prefill.span = protocol::TokenSpan{0, static_cast<uint32_t>(prompt.size())};
+  prefill.token_ids.assign(prompt.begin(), prompt.end());
+  prefill.ticket = tracker.TicketFor(route, 0, kSession);
+  ASSERT_TRUE(exchange(prefill).ok());
+  const uint32_t first = token();
+  EXPECT_EQ(first, expected[0]);
+  const uint64_t cells = hop.scheduler->Stats().kv_cells_used;
+
+  protocol::SeamFrame decode = Frame(protocol::Phase::kDecode, 2);
+  decode.span = protocol::TokenSpan{prompt.size(), 1};
+  decode.token_ids = {first};
+  protocol::SeamFrame budgeted = decode;
+  budgeted.budget_ms = 1;
+  protocol::SeamFrame other = prefill;  // a new session's first step
+  other.session = protocol::RouteSession{"s2", 1};
+  other.ticket = tracker.TicketFor(route, 0, *other.session);
+  other.budget_ms = 1;
+  {
+    EngineGate busy(*hop.scheduler, 2);
+    protocol::Status late = exchange(budgeted);
+    EXPECT_EQ(late.code, Code::kDeadlineExceeded) << late.ToString();
+    EXPECT_TRUE(late.retryable);
+    EXPECT_EQ(late.hop, "hop");
+    EXPECT_EQ(late.message, "step 2 not done on hop within its budget of 1 ms");
+    EXPECT_EQ(exchange(other).code, Code::kDeadlineExceeded);
+    EXPECT_EQ(hop.service->active_sessions(), 1);  // s2 is gone, s1 stays
+  }
+  for (int i = 0; i < 500 && hop.service->free_seqs() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(hop.service->free_seqs(), 1);
+  EXPECT_EQ(hop.scheduler->Stats().kv_cells_used, cells + 1);  // + the gate's token only
+  protocol::Status again = exchange(decode);  // the same step, no budget
+  ASSERT_TRUE(again.ok()) << again.ToString();
+  EXPECT_EQ(token(), expected[1]);
+  seam->WritesDone();
+  seam->Finish();
+  results_context.TryCancel();
+}
+
+// A stand-in next hop that records the frames it is sent.
+class RecordingHop final : public pb::Shard::Service {
+ public:
+  grpc::Status Seam(grpc::ServerContext*,
+                    grpc::ServerReaderWriter<pb::SeamReply, pb::SeamFrame>* stream) override {
+    pb::SeamFrame frame;
+    while (stream->Read(&frame)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      frames_.push_back(frame);
+      arrived_.notify_all();
+    }
+    return grpc::Status::OK;
+  }
+  std::optional<pb::SeamFrame> Frame(size_t i) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!arrived_.wait_for(lock, std::chrono::seconds(10), [&] { return frames_.size() > i; })) {
+      return std::nullopt;
+    }
+    return frames_[i];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable arrived_;
+  std::vector<pb::SeamFrame> frames_;
+};
+
+// The next hop gets what is left of the step's budget (none when none was given); connecting
+// to a next hop that does not answer fails UNAVAILABLE naming it, or DEADLINE_EXCEEDED when the
+// step's own budget ran out first.
+TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
+  std::string path = test_support::WriteFixture("service_test_forward.gguf");
+  RecordingHop next;
+  int next_port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &next_port);
+  builder.RegisterService(&next);
+  std::unique_ptr<grpc::Server> next_server = builder.BuildAndStart();
+  ASSERT_TRUE(next_server);
+  test_support::FakeTracker tracker;
+  ServiceOptions service_options;
+  service_options.tracker_key = tracker.key.public_key();
+  service_options.connect_timeout = std::chrono::milliseconds(200);
+  test_support::TestHop hop(path, 0, 2, "hop-1", 3, service_options);
+  ASSERT_TRUE(hop.server);
+  auto stub = hop.NewStub();
+  grpc::ClientContext seam_context;
+  auto seam = stub->Seam(&seam_context);
+  // A prefill of session `id` whose ticket sends it on to `node` at `address`.
+  auto prefill = [&](const std::string& id, const std::string& node, const std::string& address,
+                     uint32_t budget_ms) {
+    protocol::SeamFrame frame = Frame(protocol::Phase::kPrefill, 1);
+    frame.session = protocol::RouteSession{id, 1};
+    frame.span = protocol::TokenSpan{0, 3};
+    frame.token_ids = {1, 7, 9};
+    frame.budget_ms = budget_ms;
+    protocol::Ticket body = tracker.Body({&hop}, 0, *frame.session);
+    body.downstream_node_id = node;
+    body.downstream_address = address;
+    frame.ticket = tracker.Sign(body);
+    frame.downstream = {protocol::DownstreamHop{node, address, protocol::ShardRange{2, 4, 2},
+                                                protocol::RouteTicket{"body", "signature"}}};
+    return frame;
+  };
+  auto exchange = [&](const protocol::SeamFrame& frame) {
+    pb::SeamFrame message;
+    protocol::ToProto(frame, &message);
+    EXPECT_TRUE(seam->Write(message));
+    pb::SeamReply reply;
+    EXPECT_TRUE(seam->Read(&reply));
+    protocol::SeamReply out;
+    protocol::FromProto(reply, &out);
+    return out.status.value_or(protocol::InternalError("no status"));
+  };
+  const std::string next_address = "127.0.0.1:" + std::to_string(next_port);
+  ASSERT_TRUE(exchange(prefill("s1", "hop-2", next_address, 600000)).ok());
+  std::optional<pb::SeamFrame> forwarded = next.Frame(0);
+  ASSERT_TRUE(forwarded.has_value());
+  EXPECT_GT(forwarded->budget_ms(), 0u);
+  EXPECT_LE(forwarded->budget_ms(), 600000u);
+  EXPECT_EQ(forwarded->ticket().body(), "body");  // the next hop's own ticket
+  protocol::SeamFrame decode = Frame(protocol::Phase::kDecode, 2);
+  decode.session = protocol::RouteSession{"s1", 1};
+  decode.span = protocol::TokenSpan{3, 1};
+  decode.token_ids = {4};
+  ASSERT_TRUE(exchange(decode).ok());
+  forwarded = next.Frame(1);
+  ASSERT_TRUE(forwarded.has_value());
+  EXPECT_EQ(forwarded->budget_ms(), 0u);  // none given, none forwarded
+
+  // Nothing listens on port 1: the refused connection fails the step at once.
+  protocol::Status unreachable = exchange(prefill("s2", "hop-x", "127.0.0.1:1", 0));
+  EXPECT_EQ(unreachable.code, Code::kUnavailable) << unreachable.ToString();
+  EXPECT_TRUE(unreachable.retryable);
+  EXPECT_EQ(unreachable.hop, "hop-x");
+  // A peer that takes the TCP connection and never speaks HTTP/2 keeps the channel connecting;
+  // a budget shorter than --connect_timeout_ms ends the wait, and this hop answers for it.
+  const int silent = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(any);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0);
+  ASSERT_EQ(listen(silent, 8), 0);
+  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&any), &length), 0);
+  const std::string silent_address = "127.0.0.1:" + std::to_string(ntohs(any.sin_port));
+  protocol::Status late = exchange(prefill("s3", "hop-x", silent_address, 50));
+  close(silent);
+  EXPECT_EQ(late.code, Code::kDeadlineExceeded) << late.ToString();
+  EXPECT_EQ(late.hop, "hop-1");
+  EXPECT_EQ(hop.service->active_sessions(), 1);  // only s1: failed first steps hold nothing
+  seam->WritesDone();
+  seam->Finish();
+  next_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 }  // namespace
