@@ -45,7 +45,7 @@ import gguf as gguf_lib
 
 from meshnet.bench import contract, llama_lanes, report, route_lanes
 from meshnet.bench.measure import RssWatch
-from meshnet.bench.wan import WanLink
+from meshnet.swarm.wan import WanLink
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",

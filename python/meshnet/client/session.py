@@ -7,6 +7,12 @@ proves with its key that it opened the route when it reads results; it prefills 
 then sends one decode step per token it receives.
 On a hop failure it reports the failing node, takes the new epoch's route and replays prompt +
 tokens already delivered as a fresh prefill, so the caller sees every token exactly once.
+Blame: the client reports a hop as failed only when it saw that hop fail (its own stream to it
+broke, or the hop's status names itself or a hop of the route, i.e. a hop reporting about its
+own downstream). A failure it cannot attribute (a token that does not come, the last hop losing
+its upstream) is attributed by probing every hop's Health at once: the first hop of the route
+that does not answer within `probe_timeout` is blamed; if all answer, nobody is (the tracker
+issues a new epoch without banning anyone).
 While it waits for tokens it renews the route's lease (a third of the way through each lease);
 the tracker being briefly unreachable costs neither tokens nor a clean finish: renewals and the
 final CloseRoute are retried or left to the lease, never raised to the caller.
@@ -21,6 +27,7 @@ import itertools
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Optional, Sequence
 
 import grpc
@@ -30,13 +37,14 @@ from meshnet.process import log
 from meshnet.identity.tls import pinned_channel
 from meshnet.protocol import seam
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.shard.v1 import shard_pb2_grpc
+from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import seam as t
 from meshnet.types import tracker as tt
 from meshnet.types.ids import NodeId
 from meshnet.types.status import Status, StatusCode
 
 _CLOSE = object()
+MAX_QUEUED_FRAMES = 8  # frames waiting for the first hop's stream; the client has at most ~3 in flight
 
 
 class MeshnetError(Exception):
@@ -48,8 +56,10 @@ class MeshnetError(Exception):
 
 
 class _HopFailure(Exception):
+    """A failure of the route; `node_id` is the hop to blame, or "" when it is not yet known."""
+
     def __init__(self, node_id: str, status: Status) -> None:
-        super().__init__(f"hop {node_id}: {status.message}")
+        super().__init__(f"hop {node_id or '?'}: {status.message}")
         self.node_id, self.status = node_id, status
 
 
@@ -61,7 +71,10 @@ class GenerationParams:
     top_p: float = 0.0
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
-    token_timeout: float = 60.0  # seconds to wait for one token before blaming the route
+    first_token_timeout: float = 120.0  # seconds to wait for the first token (the prefill)
+    token_timeout: float = 10.0  # seconds to wait for each later token before probing the route
+    probe_timeout: float = 1.0  # seconds a hop has to answer Health when a failure is attributed
+    route_wait: float = 30.0  # seconds to keep asking for a new route while none is available (retryable)
 
 
 class _Connection:
@@ -71,7 +84,7 @@ class _Connection:
         self.route = route.session
         self.hops = route.hops
         self.events: queue.Queue = queue.Queue()
-        self._frames: queue.Queue = queue.Queue()
+        self._frames: queue.Queue = queue.Queue(maxsize=MAX_QUEUED_FRAMES)
         first, last = self.hops[0], self.hops[-1]
         for hop in (first, last):
             if hop.ticket is None:
@@ -89,13 +102,19 @@ class _Connection:
         threading.Thread(target=self._read_seam, daemon=True).start()
         threading.Thread(target=self._read_results, daemon=True).start()
 
+    def _on_route(self, node_id: str) -> str:
+        """`node_id` if it is a hop of this route, else "" (unattributed)."""
+        return node_id if any(h.node.node_id == node_id for h in self.hops) else ""
+
     def _read_seam(self) -> None:
         first = self.hops[0].node.node_id
         try:
             for reply in self._seam:
                 native = seam.from_proto(reply)
                 if native.status is not None and not native.status.ok:
-                    self.events.put(_HopFailure(native.status.hop or first, native.status))
+                    # A hop names itself, or its downstream (relayed upstream to us): take it if on the route.
+                    blamed = self._on_route(native.status.hop) if native.status.hop else first
+                    self.events.put(_HopFailure(blamed, native.status))
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:
                 self.events.put(_HopFailure(first, Status(StatusCode.UNAVAILABLE, f"first hop lost: {err.code().name}", True)))
@@ -106,8 +125,10 @@ class _Connection:
             for frame in self._results:
                 native = seam.from_proto(frame)
                 if native.status is not None and not native.status.ok and native.status.code != StatusCode.CANCELLED:
-                    # The last hop lost its upstream: blame the hop before it.
-                    blamed = self.hops[-2].node.node_id if len(self.hops) > 1 else last
+                    # The last hop failing itself is observed; its upstream being lost says nothing
+                    # about which hop failed upstream: leave that to the Health probe.
+                    blamed = last if native.status.hop in ("", last) and native.status.code not in (
+                        StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED) else ""
                     self.events.put(_HopFailure(blamed, native.status))
                     return
                 self.events.put(native)
@@ -115,11 +136,41 @@ class _Connection:
             if err.code() != grpc.StatusCode.CANCELLED:
                 self.events.put(_HopFailure(last, Status(StatusCode.UNAVAILABLE, f"last hop lost: {err.code().name}", True)))
 
-    def send(self, frame: t.SeamFrame) -> None:
-        self._frames.put(seam.to_proto(frame))
+    def send(self, frame: t.SeamFrame, timeout: float = 5.0) -> None:
+        """Queues a frame for the first hop; a first hop that takes none for `timeout` fails."""
+        try:
+            self._frames.put(seam.to_proto(frame), timeout=timeout)
+        except queue.Full:
+            raise _HopFailure(self.hops[0].node.node_id, Status(
+                StatusCode.UNAVAILABLE, f"the first hop took no frame for {timeout:g}s", True)) from None
+
+    def attribute(self, failure: "_HopFailure", timeout: float) -> "_HopFailure":
+        """The failure with a hop to blame: the first hop of the route that does not answer
+        Health within `timeout` (all are asked at once), or "" if every hop answers."""
+        def answers(hop: tt.Hop) -> bool:
+            channel = pinned_channel(hop.node.address, hop.node.tls_certificate.encode() or None)
+            try:
+                shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=timeout)
+                return True
+            except grpc.RpcError:
+                return False
+            finally:
+                channel.close()
+
+        with ThreadPoolExecutor(max_workers=len(self.hops)) as pool:
+            alive = list(pool.map(answers, self.hops))
+        for hop, ok in zip(self.hops, alive):
+            if not ok:
+                return _HopFailure(hop.node.node_id, Status(
+                    failure.status.code, f"{failure.status.message}; hop {hop.node.node_id} did not answer Health "
+                                         f"within {timeout:g}s", failure.status.retryable, hop.node.node_id))
+        return failure
 
     def close(self) -> None:
-        self._frames.put(_CLOSE)
+        try:
+            self._frames.put(_CLOSE, timeout=1.0)
+        except queue.Full:
+            self._seam.cancel()  # the stream is stuck: end it
         self._results.cancel()
         for channel in self._channels:
             channel.close()
@@ -146,7 +197,10 @@ class RouteSession:
         self._cancelled.set()
         conn = self._connection
         if conn is not None:
-            conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.CANCEL, 1 << 62))
+            try:
+                conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.CANCEL, 1 << 62), timeout=1.0)
+            except _HopFailure:
+                pass  # the first hop takes no frames: the generation ends on the cancelled flag anyway
 
     def generate(self, prompt_ids: Sequence[int], params: GenerationParams = GenerationParams()) -> Iterator[int]:
         """Yields new token ids as they arrive (each exactly once, across failovers)."""
@@ -157,6 +211,8 @@ class RouteSession:
         reply = self._tracker.open_route(tt.OpenRouteRequest(self._model, self._client_id,
                                                              len(prompt_ids) + params.max_tokens))
         while True:
+            if not reply.status.ok and reply.status.retryable and reply.session is not None and reply.session.epoch > 1:
+                reply = self._await_route(reply, params.route_wait)  # a failover found no route yet
             if not reply.status.ok:
                 raise MeshnetError(reply.status)
             self._lease_seconds = reply.lease_ms / 1000
@@ -204,7 +260,8 @@ class RouteSession:
                               span=t.TokenSpan(0, len(ids)), token_ids=tuple(ids), expected_cache=t.CacheState(0),
                               sampling=sampling, downstream=downstream, ticket=first.ticket))
         for produced in range(budget):
-            event = self._next_event(conn, params.token_timeout)
+            event = self._next_event(conn, params.first_token_timeout if produced == 0 else params.token_timeout,
+                                     params.token_timeout, params.probe_timeout)
             token = event.tokens[0].token_id
             yield token
             if event.finish_reason == t.FinishReason.STOP or token in params.stop_token_ids or produced + 1 == budget:
@@ -214,22 +271,33 @@ class RouteSession:
                                   expected_cache=t.CacheState(position)))
             position += 1
 
-    def _next_event(self, conn: _Connection, timeout: float) -> t.ResultFrame:
+    def _next_event(self, conn: _Connection, timeout: float, probe_every: float,
+                    probe_timeout: float) -> t.ResultFrame:
+        """The next token frame. While waiting longer than `probe_every` (a long prefill), the
+        hops' Health is probed every `probe_every` seconds: a hop that does not answer fails the
+        route at once; at `timeout` the route fails, blamed on a silent hop if there is one."""
+        deadline = time.monotonic() + timeout
+        next_probe = time.monotonic() + probe_every
         while True:
             if self._cancelled.is_set():
                 raise _HopFailure("", Status(StatusCode.CANCELLED, "cancelled by the caller"))
             if time.monotonic() >= self._renew_at:
                 self._renew(conn.route)
             try:
-                event = conn.events.get(timeout=min(timeout, 0.5))
+                event = conn.events.get(timeout=0.25)
             except queue.Empty:
-                timeout -= 0.5
-                if timeout <= 0:
-                    raise _HopFailure(conn.hops[-1].node.node_id,
-                                      Status(StatusCode.DEADLINE_EXCEEDED, "no token in time", True)) from None
+                now = time.monotonic()
+                if now < next_probe and now < deadline:
+                    continue
+                stalled = _HopFailure("", Status(StatusCode.DEADLINE_EXCEEDED,
+                                                 f"no token for {probe_every if now < deadline else timeout:g}s", True))
+                failure = conn.attribute(stalled, probe_timeout)
+                if failure.node_id or time.monotonic() >= deadline:
+                    raise failure from None
+                next_probe = time.monotonic() + probe_every
                 continue
             if isinstance(event, _HopFailure):
-                raise event
+                raise event if event.node_id else conn.attribute(event, probe_timeout)
             if event.tokens:
                 return event
 
@@ -237,6 +305,20 @@ class RouteSession:
         conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.RELEASE, 1 << 62))
         conn.close()  # the release is queued ahead of the stream's end
         self._close_route(conn.route)
+
+    def _await_route(self, reply: tt.RouteReply, wait: float) -> tt.RouteReply:
+        """While no route is available (retryable: replicas banned, restarting or at capacity),
+        asks again with backoff for up to `wait` seconds; each ask is a new epoch, blaming no one."""
+        deadline, pause = time.monotonic() + wait, 0.25
+        while not reply.status.ok and reply.status.retryable and reply.session is not None:
+            if self._cancelled.is_set() or time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            pause = min(2.0, pause * 2)
+            log("route_retry", session=reply.session.session_id, epoch=reply.session.epoch,
+                status=reply.status.code.name, message=reply.status.message)
+            reply = self._tracker.report_failure(reply.session, NodeId(""), reply.status)
+        return reply
 
     def _renew(self, route: t.RouteSession) -> None:
         """Renews the route's lease; if the tracker cannot be reached, tries again in a second

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from meshnet.identity.tls import pinned_channel
+from meshnet.node.telemetry import RateMeter
 from meshnet.node.worker import WorkerProcess, take_work
 from meshnet.types import tracker as tt
 from meshnet.types.seam import Fingerprints
@@ -36,6 +37,8 @@ class Backend(Protocol):
 
     def restart(self) -> None: ...
 
+    def kill(self) -> None: ...
+
     def stop(self) -> None: ...
 
 
@@ -57,6 +60,7 @@ class ReferenceBackend:
                                          idle_seconds=idle_seconds, supervisor_token=self._supervisor_token)
         self._address = f"{listen.rsplit(':', 1)[0]}:{port}"
         self._channel = pinned_channel(self._address, tls[0] if tls else None)
+        self._meter = RateMeter()
 
     def take_work(self) -> tuple[tt.WorkEntry, ...]:
         return take_work(self._channel, self._supervisor_token)
@@ -72,13 +76,18 @@ class ReferenceBackend:
 
     def load(self) -> tt.Load:
         sessions, tokens = self.engine.stats()
-        return tt.Load(active_sessions=sessions, kv_cells_used=tokens, kv_cells_total=self.engine.max_kv_tokens)
+        rate = self._meter.update(self.engine.rows, self.engine.compute_seconds)
+        return tt.Load(active_sessions=sessions, kv_cells_used=tokens, kv_cells_total=self.engine.max_kv_tokens,
+                       decode_tokens_per_second=rate)
 
     def alive(self) -> bool:
         return True
 
     def restart(self) -> None:
         raise RuntimeError("the reference backend runs in the node process; it cannot restart alone")
+
+    def kill(self) -> None:
+        raise RuntimeError("the reference backend runs in the node process; it cannot be killed alone")
 
     def stop(self) -> None:
         self._channel.close()
@@ -119,6 +128,9 @@ class GgufBackend:
     def restart(self) -> None:
         self._worker.stop()
         self._worker.start()
+
+    def kill(self) -> None:
+        self._worker.kill()
 
     def stop(self) -> None:
         self._worker.stop()

@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session-idle-seconds", type=float, default=300.0,
                         help="free a session that sent nothing for this long")
     parser.add_argument("--max-restarts", type=int, default=3, help="worker restarts before giving up (gguf)")
+    parser.add_argument("--hang-probes", type=int, default=3,
+                        help="unanswered Health probes in a row before a hung worker is killed and restarted")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once registered")
     args = parser.parse_args(argv)
     token = read_token(args.token_file, "MESHNET_NODE_TOKEN")
@@ -142,10 +144,20 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
         return 2
     write_port_file(args.port_file, int(backend.address.rsplit(":", 1)[1]))
     stop = stop_on_signals()
-    restarts = 0
+    restarts = unanswered = 0
     try:
         while not stop.wait(args.heartbeat_seconds):
-            if not backend.alive():
+            try:
+                load = backend.load() if backend.alive() else None
+                unanswered = 0
+            except grpc.RpcError as err:  # alive but not answering Health: hung (e.g. SIGSTOP)
+                unanswered += 1
+                log("worker_unresponsive", node=node_id, error=err.code().name, times=unanswered)
+                if unanswered < args.hang_probes:
+                    continue  # no heartbeat: the tracker stops routing here when the lease lapses
+                load = None
+                backend.kill()  # a hang that lasts is treated as a crash: restarted below
+            if load is None:
                 _quietly(tracker.deregister, node_id)  # its sessions are gone; clients fail over
                 link.registered = False
                 if restarts >= args.max_restarts:
@@ -155,7 +167,9 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
                 restarts += 1
                 log("worker_restart", node=node_id, restarts=restarts)
                 backend.restart()
-            link.tick(backend.load, backend.take_work)  # registers again after a restart or outage
+                unanswered = 0
+                continue
+            link.tick(load, backend.take_work)  # registers again after a restart or outage
     except NodeRefused as refused:
         log("refused", node=node_id, reason=str(refused))
         backend.stop()
@@ -164,7 +178,7 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
     log("draining", node=node_id)
     _quietly(tracker.drain, node_id)
     deadline = time.monotonic() + args.drain_seconds
-    while backend.alive() and backend.load().active_sessions and time.monotonic() < deadline:
+    while backend.alive() and _active_sessions(backend) and time.monotonic() < deadline:
         time.sleep(0.1)
     if backend.alive():
         link.flush(backend.take_work)
@@ -173,6 +187,13 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
     tracker.close()
     log("stopped", node=node_id)
     return 0
+
+
+def _active_sessions(backend) -> int:
+    try:
+        return backend.load().active_sessions
+    except grpc.RpcError:
+        return 0  # a worker that does not answer has nothing to finish for us
 
 
 def _quietly(call, node_id: str) -> None:

@@ -61,8 +61,9 @@ class TrackerLink:
         self.registered = True
         return reply
 
-    def tick(self, load: Callable[[], tt.Load], take_work: Callable[[], tuple[tt.WorkEntry, ...]]) -> None:
-        """One heartbeat (and work report), or nothing while backing off. Raises NodeRefused."""
+    def tick(self, load: tt.Load, take_work: Callable[[], tuple[tt.WorkEntry, ...]]) -> None:
+        """One heartbeat with `load` (and a work report), or nothing while backing off. Raises
+        NodeRefused. `take_work` failing (the worker did not answer) only postpones the report."""
         now = self._clock()
         if now < self._retry_at:
             return
@@ -70,7 +71,7 @@ class TrackerLink:
         try:
             if not self.registered:
                 self.register()
-            beat = self._tracker.heartbeat(node_id, load())
+            beat = self._tracker.heartbeat(node_id, load)
             if beat.status.code == StatusCode.NOT_FOUND:  # lease lapsed or tracker restarted
                 self.registered = False
                 self.register()
@@ -89,7 +90,11 @@ class TrackerLink:
 
     def _report_work(self, node_id: str, take_work: Callable[[], tuple[tt.WorkEntry, ...]]) -> None:
         if self._pending is None:
-            entries = take_work()
+            try:
+                entries = take_work()
+            except grpc.RpcError as err:  # the backend, not the tracker: try again next tick
+                log("work_unavailable", node=node_id, error=err.code().name)
+                return
             if not entries:
                 return
             self._pending = tt.WorkReport(node_id, entries, secrets.randbits(62) + 1)

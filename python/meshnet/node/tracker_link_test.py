@@ -81,23 +81,23 @@ def test_an_outage_backs_off_keeps_work_and_registers_again_when_the_tracker_ret
     tracker, clock, link = setup
     work = [(ENTRY,)]
     tracker.down = True
-    link.tick(tt.Load, lambda: work.pop() if work else ())  # no heartbeat gets through: nothing taken yet
+    link.tick(tt.Load(), lambda: work.pop() if work else ())  # no heartbeat gets through: nothing taken yet
     assert not link.reachable and work == [(ENTRY,)]
     tracker.calls.clear()
     for _ in range(5):
-        link.tick(tt.Load, no_work)  # within the 1 s backoff: no call at all
+        link.tick(tt.Load(), no_work)  # within the 1 s backoff: no call at all
     assert tracker.calls == []
     attempts = []
     for second in range(1, 40):
         clock.now = float(second)
         before = len(tracker.calls)
-        link.tick(tt.Load, no_work)
+        link.tick(tt.Load(), no_work)
         if len(tracker.calls) > before:
             attempts.append(second)
     assert attempts == [1, 3, 7, 15, 23, 31, 39]  # 1, 2, 4, 8, then capped at 8 s
     tracker.down, tracker.known = False, False  # the tracker restarted and forgot the node
     clock.now = 47.0
-    link.tick(tt.Load, lambda: work.pop() if work else ())
+    link.tick(tt.Load(), lambda: work.pop() if work else ())
     assert link.reachable and tracker.calls[-3:] == ["heartbeat", "register", "report_work"]
     assert tracker.reports[-1].entries == (ENTRY,)
 
@@ -114,10 +114,10 @@ def test_a_report_lost_in_an_outage_is_sent_again_with_the_same_id(setup):
         raise Unreachable()
 
     tracker.report_work = fails_once
-    link.tick(tt.Load, lambda: taken.pop() if taken else ())
+    link.tick(tt.Load(), lambda: taken.pop() if taken else ())
     assert not link.reachable and taken == []  # taken from the backend, not acknowledged
     clock.now = 2.0
-    link.tick(tt.Load, no_work)
+    link.tick(tt.Load(), no_work)
     assert link.reachable and len(tracker.reports) == 2
     assert tracker.reports[0] == tracker.reports[1] and tracker.reports[0].report_id > 0
 
@@ -126,4 +126,4 @@ def test_a_refusal_on_re_registration_is_raised(setup):
     tracker, clock, link = setup
     tracker.known, tracker.refuse = False, True
     with pytest.raises(NodeRefused):
-        link.tick(tt.Load, no_work)
+        link.tick(tt.Load(), no_work)

@@ -5,18 +5,16 @@ The node starts `worker --model ... --layers A:B --listen HOST:0 --node_id ID --
 line ({"event": "listening", "port": N}), waits until Health answers (over the same pinned TLS
 a peer uses), and polls Health for heartbeat telemetry. Called from the node's main thread only.
 Invariant: stop() leaves no worker process behind (SIGTERM, then SIGKILL after a grace), and a
-node that dies without stop() takes its worker with it: the worker is started with
-PR_SET_PDEATHSIG = SIGKILL, from the node's main thread (the signal follows the thread that
-forked it).
+node that dies without stop() takes its worker with it: the worker gets `--parent_pid` and
+sets PR_SET_PDEATHSIG = SIGKILL itself (no preexec_fn: forking a process that runs gRPC aborts
+the child). It is started from the node's main thread, as the signal follows the thread that
+spawned it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import secrets
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ import grpc
 
 from meshnet.identity.requests import SUPERVISOR_ENV, SUPERVISOR_METADATA
 from meshnet.identity.tls import pinned_channel
+from meshnet.node.telemetry import RateMeter
 from meshnet.process import listening_port
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import tracker as tt
@@ -36,15 +35,7 @@ class WorkerError(RuntimeError):
     pass
 
 
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork
-
-
-def _die_with_parent(parent: int) -> None:
-    """Runs in the child between fork and exec: SIGKILL when the parent goes away (and now, if
-    it already has)."""
-    if _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
-        os._exit(127)
+MAX_BATCH_TOKENS = 256  # the worker's --max_batch_tokens (rows per engine decode)
 
 
 def take_work(channel: grpc.Channel, supervisor_token: str) -> tuple[tt.WorkEntry, ...]:
@@ -64,6 +55,7 @@ class WorkerProcess:
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
                      f"--threads={threads}", f"--max_sessions={max_sessions}", f"--n_ctx={n_ctx}",
+                     f"--max_batch_tokens={MAX_BATCH_TOKENS}",
                      f"--node_id={node_id}", f"--tracker_key={tracker_key.hex()}"]
         self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]
         self._cert = tls[0].read_bytes() if tls else None
@@ -73,6 +65,7 @@ class WorkerProcess:
         self.n_ctx, self.max_sessions = n_ctx, max_sessions
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
+        self._meter = RateMeter()
         self._channel: Optional[grpc.Channel] = None
 
     @property
@@ -82,8 +75,8 @@ class WorkerProcess:
     def start(self, timeout: float = 120.0) -> "WorkerProcess":
         stderr = open(self._log, "ab") if self._log else subprocess.DEVNULL
         env = dict(os.environ, **{SUPERVISOR_ENV: self._supervisor_token})
-        self.proc = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
-                                     preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+        self.proc = subprocess.Popen(self._cmd + [f"--parent_pid={os.getpid()}"], stdout=subprocess.PIPE,
+                                     stderr=stderr, text=True, env=env)
         port = listening_port(self.proc, timeout)
         if port is None:
             code = self.proc.poll()
@@ -109,13 +102,24 @@ class WorkerProcess:
         return shard_pb2_grpc.ShardStub(self._channel).Health(shard_pb2.HealthRequest(), timeout=5)
 
     def load(self) -> tt.Load:
-        """Heartbeat telemetry from the worker's Health."""
+        """Heartbeat telemetry from the worker's Health: sessions, queue, KV, batch occupancy and
+        the measured compute rate (rows per second of engine time since the previous call,
+        smoothed; a throttled or slow worker reports less, and the tracker routes around it)."""
         h = self.health()
+        rows, compute_s = h.batches * h.mean_batch_rows, h.compute_us / 1e6
+        rate = self._meter.update(rows, compute_s)
         return tt.Load(active_sessions=h.active_sessions, queue_depth=h.queue_depth, kv_cells_used=h.kv_cells_used,
-                       kv_cells_total=h.kv_cells_total)
+                       kv_cells_total=h.kv_cells_total, batch_occupancy=h.mean_batch_rows / MAX_BATCH_TOKENS,
+                       decode_tokens_per_second=rate)
 
     def take_work(self) -> tuple[tt.WorkEntry, ...]:
         return take_work(self._channel, self._supervisor_token)
+
+    def kill(self) -> None:
+        """SIGKILL (a hung worker ignores SIGTERM); stop() then finds nothing to wait for."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self, grace: float = 10.0) -> None:
         if self._channel is not None:

@@ -122,6 +122,7 @@ class ReferenceEngine:
         self.max_sessions, self.max_kv_tokens = max_sessions, max_kv_tokens
         self._lock = threading.Lock()
         self._sessions: dict[Hashable, _Session] = {}
+        self.rows, self.compute_seconds = 0, 0.0  # cumulative, for the node's rate telemetry
 
     def step(self, key: Hashable, position: int, token_ids: Optional[torch.Tensor] = None,
              hidden: Optional[torch.Tensor] = None, from_layer: Optional[int] = None,
@@ -149,7 +150,9 @@ class ReferenceEngine:
             if self._kv_tokens() + n > self.max_kv_tokens:
                 raise ProtocolError(StatusCode.RESOURCE_EXHAUSTED,
                                     f"KV budget of {self.max_kv_tokens} tokens is full", retryable=True)
+            started = time.perf_counter()
             out = self.shard(session.cache, position, token_ids=token_ids, hidden=hidden, from_layer=from_layer)
+            self.rows, self.compute_seconds = self.rows + n, self.compute_seconds + time.perf_counter() - started
             session.length += n
             self._sessions[key] = session
             return out, session.length

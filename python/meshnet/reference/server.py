@@ -38,6 +38,7 @@ from meshnet.types.status import Status, StatusCode
 
 CREDITS = 8
 HIDDEN = "hidden_states"
+KEEPALIVE_MS = 2000  # ping a quiet connection this often; close it if the ping is unanswered as long
 ZLIB_FEATURE = "compression.zlib"
 _CLOSE = object()
 _GRPC_CODES = {StatusCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
@@ -388,9 +389,13 @@ def serve(shard: ShardServer, listen: str, tls: Optional[tuple[bytes, bytes]] = 
     # One connection may hold at most a quarter of the workers (each RPC holds one), so a single
     # peer that opens streams and sends nothing cannot starve the others.
     max_concurrent_streams = max_concurrent_streams or max(2, workers // 4)
+    # Keepalive as in the worker (--keepalive_ms): a quiet connection is pinged, and closed when the
+    # ping goes unanswered, so the sessions of a peer that vanished (link cut, process stopped) end.
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-               ("grpc.max_concurrent_streams", max_concurrent_streams)]
+               ("grpc.max_concurrent_streams", max_concurrent_streams),
+               ("grpc.keepalive_time_ms", KEEPALIVE_MS), ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
+               ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), maximum_concurrent_rpcs=workers,
                          options=options)
     shard_pb2_grpc.add_ShardServicer_to_server(shard, server)

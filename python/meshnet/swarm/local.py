@@ -44,8 +44,8 @@ def _wait_for_port(proc: subprocess.Popen, port_file: Path, log: Path, timeout: 
 
 class TrackerProcess:
     def __init__(self, workdir: Path, models: list[dict], *, lease_seconds: float = 10.0,
-                 ban_seconds: float = 30.0, db: Optional[Path] = None, insecure: bool = False,
-                 host: str = "127.0.0.1", ticket_seconds: float = 600.0) -> None:
+                 ban_seconds: float = 30.0, max_ban_seconds: float = 300.0, db: Optional[Path] = None,
+                 insecure: bool = False, host: str = "127.0.0.1", ticket_seconds: float = 600.0) -> None:
         self.workdir, self.host, self.insecure = workdir, host, insecure
         self.db = db or workdir / "tracker.db"
         self.models_file = workdir / "models.json"
@@ -62,6 +62,7 @@ class TrackerProcess:
             self.ca = cert
             self.tls = (tls.write_private(workdir / "tracker.crt", cert), tls.write_private(workdir / "tracker.key", key))
         self.lease_seconds, self.ban_seconds, self.ticket_seconds = lease_seconds, ban_seconds, ticket_seconds
+        self.max_ban_seconds = max_ban_seconds
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         self.log = workdir / "tracker.log"
@@ -83,6 +84,7 @@ class TrackerProcess:
                "--models", str(self.models_file), "--roles-file", str(self.roles_file), "--ticket-key",
                str(self.ticket_key), "--ticket-seconds", str(self.ticket_seconds),
                "--lease-seconds", str(self.lease_seconds), "--ban-seconds", str(self.ban_seconds),
+               "--max-ban-seconds", str(self.max_ban_seconds),
                "--port-file", str(port_file)]
         cmd += ["--insecure"] if self.insecure else ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
         self.proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
@@ -175,16 +177,18 @@ class LocalSwarm:
                  backend: str = "reference", lease_seconds: float = 3.0, max_sessions: int = 16,
                  threads: int = 1, worker_binary: Optional[Path] = None, host: str = "127.0.0.1",
                  node_hosts: Sequence[str] = (), node_prefixes: Sequence[Sequence[str]] = (),
-                 max_kv_tokens: Optional[int] = None, insecure: bool = False) -> None:
+                 max_kv_tokens: Optional[int] = None, insecure: bool = False, ban_seconds: float = 30.0,
+                 max_ban_seconds: float = 300.0) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
-        namespaces; by default every process is on loopback. `insecure`: plaintext links."""
+        namespaces; by default every process is on loopback. `insecure`: plaintext links.
+        `ban_seconds`/`max_ban_seconds`: how long the tracker avoids a node reported failed."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
         self.tracker = TrackerProcess(workdir, [certify(gguf, model, backend)], lease_seconds=lease_seconds, host=host,
-                                      insecure=insecure)
+                                      insecure=insecure, ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds)
         self.insecure = insecure
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens

@@ -4,8 +4,10 @@ Node i runs in namespace `mnwan{i}` at 10.77.0.{i+2}; the tracker and the client
 root namespace at 10.77.0.1 on the bridge. Every packet a node sends leaves through its veth,
 whose qdisc imposes the link: `tc netem delay D rate R` when the kernel has sch_netem, else
 `tc tbf rate R` (rate only; the delay cannot be applied and the lane says so). So a hop from
-node to node costs one delay, as does a result on its way back to the client. Needs root and
-iproute2; `WanLink.unavailable()` says why it cannot run, or None.
+node to node costs one delay, as does a result on its way back to the client (rate 0: no qdisc,
+the links are as fast as the kernel's veth). `cut(i)` sets node i's link down (its packets are
+dropped, its connections hang rather than close) and `restore(i)` sets it up again. Needs root
+and iproute2; `WanLink.unavailable()` says why it cannot run, or None.
 """
 
 from __future__ import annotations
@@ -76,7 +78,11 @@ class WanLink:
             _ip("-n", ns, "addr", "add", f"{self.node_host(i)}/24", "dev", inner)
             _ip("-n", ns, "link", "set", inner, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-            netem = netem and self._shape(ns, inner)
+            if self.rate_mbit:
+                netem = netem and self._shape(ns, inner)
+        if not self.rate_mbit:
+            self.applied = {"delay_ms": 0, "rate_mbit": None, "qdisc": None}
+            return
         self.applied = {"delay_ms": self.delay_ms if netem else None, "rate_mbit": self.rate_mbit,
                         "qdisc": "netem" if netem else "tbf"}
         if not netem:
@@ -94,6 +100,13 @@ class WanLink:
         subprocess.run(tc + ["tbf", "rate", rate, "burst", "64kb", "latency", "400ms"], check=True,
                        capture_output=True, text=True)
         return False
+
+    def cut(self, i: int) -> None:
+        """Node i's link goes down: nothing in or out until restore(i)."""
+        _ip("link", "set", f"mnwanv{i}", "down")
+
+    def restore(self, i: int) -> None:
+        _ip("link", "set", f"mnwanv{i}", "up")
 
     def teardown(self) -> None:
         for i, ns in enumerate(self.namespaces):

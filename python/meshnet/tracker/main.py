@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lease-seconds", type=float, default=10.0, help="node lease (heartbeat within it)")
     parser.add_argument("--route-lease-seconds", type=float, default=60.0,
                         help="route lease: a route its client neither renews nor closes frees its hops after it")
-    parser.add_argument("--ban-seconds", type=float, default=5.0)
+    parser.add_argument("--ban-seconds", type=float, default=5.0,
+                        help="first ban of a node reported failed; each further report doubles it")
+    parser.add_argument("--max-ban-seconds", type=float, default=300.0, help="the longest ban")
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--insecure", action="store_true", help="plaintext (loopback development only)")
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ledger = Ledger(args.db)
     registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
-                        ban_seconds=args.ban_seconds)
+                        ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds)
     try:
         server, port = serve(registry, ledger, args.listen, roles, Identity.load_or_create(args.ticket_key), tls=tls,
                              ticket_seconds=args.ticket_seconds)

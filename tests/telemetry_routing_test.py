@@ -1,0 +1,101 @@
+"""Issue 13: telemetry that routes. Two GGUF nodes each serve the whole SmolLM2 Q4_1; the one the
+tracker picks while both are unmeasured (the tie-break) gets its worker limited to a fifth of a
+core (a cgroup CPU quota; root only, skipped with the reason otherwise). Once both have served
+and reported their measured compute rate in heartbeats, new routes go to the other one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import pytest
+
+from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.swarm.local import LocalSwarm
+from meshnet.types import tracker as tt
+
+GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
+WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
+PROMPT = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+CPU_V2 = Path("/sys/fs/cgroup/unified")
+
+
+def _cgroup_problem() -> Optional[str]:
+    if os.geteuid() != 0:
+        return "not root: limiting a worker's CPU needs a cgroup"
+    if (CPU_V1 / "cpu.cfs_quota_us").exists() or (CPU_V2 / "cgroup.controllers").exists():
+        return None
+    return "no cgroup CPU controller (v1 cpu or v2) is mounted"
+
+
+pytestmark = pytest.mark.skipif(_cgroup_problem() is not None, reason=str(_cgroup_problem()))
+
+
+class CpuLimit:
+    """Moves a process into a new cgroup whose CPU quota is `fraction` of one core."""
+
+    def __init__(self, pid: int, fraction: float) -> None:
+        period = 100_000
+        if (CPU_V1 / "cpu.cfs_quota_us").exists():
+            self.path = CPU_V1 / f"meshnet-throttle-{pid}"
+            self.path.mkdir()
+            (self.path / "cpu.cfs_period_us").write_text(str(period))
+            (self.path / "cpu.cfs_quota_us").write_text(str(int(period * fraction)))
+        else:
+            self.path = CPU_V2 / f"meshnet-throttle-{pid}"
+            self.path.mkdir()
+            (self.path / "cpu.max").write_text(f"{int(period * fraction)} {period}")
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        if self.path.exists():
+            parent = self.path.parent / "cgroup.procs"
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    parent.write_text(pid)
+                except OSError:
+                    pass  # the process is gone
+            self.path.rmdir()
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    with LocalSwarm(tmp_path_factory.mktemp("telemetry"), GGUF, [(0, 30), (0, 30)], backend="gguf",
+                    worker_binary=WORKER, max_sessions=4, threads=1) as s:
+        yield s
+
+
+def route_node(tracker) -> str:
+    reply = tracker.open_route(tt.OpenRouteRequest("smollm2", "probe", 64))
+    assert reply.status.ok and len(reply.hops) == 1, reply.status
+    assert tracker.close_route(reply.session).status.ok
+    return reply.hops[0].node.node_id
+
+
+def generate(tracker, tokens: int = 24) -> list[int]:
+    return list(RouteSession(tracker, "smollm2").generate(PROMPT, GenerationParams(max_tokens=tokens)))
+
+
+def test_a_throttled_replica_is_avoided_once_measured(swarm):
+    with swarm.client() as tracker:
+        unmeasured_choice = route_node(tracker)
+        assert route_node(tracker) == unmeasured_choice  # deterministic while nothing is measured
+        worker = psutil.Process(swarm.nodes[unmeasured_choice].proc.pid).children()[0]
+        limit = CpuLimit(worker.pid, 0.2)
+        try:
+            # Two sessions at once: the tracker spreads them (load), so both nodes serve and measure.
+            with ThreadPoolExecutor(2) as pool:
+                outputs = list(pool.map(lambda _: generate(tracker), range(2)))
+            assert outputs[0] == outputs[1]
+            time.sleep(2.0)  # a few heartbeats carry the measured rates to the tracker
+            choices = [route_node(tracker) for _ in range(5)]
+            assert unmeasured_choice not in choices, choices
+            assert generate(tracker) == outputs[0]  # and the route it picks gives the same tokens
+        finally:
+            limit.remove()
