@@ -25,7 +25,6 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from meshnet.reference.model import load_tokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm, NodeProcess
 from meshnet.swarm.wan import WanLink
+from route_cases import llama_cpp_greedy
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
@@ -76,13 +76,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def baseline(tokenizer):
-    out = {}
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt)["input_ids"]
-        proc = subprocess.run([str(GREEDY), str(GGUF), str(TOKENS), *map(str, ids)], capture_output=True, text=True,
-                              check=True)
-        out[prompt] = json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
-    return out
+    return {prompt: llama_cpp_greedy(GREEDY, GGUF, tokenizer(prompt)["input_ids"], TOKENS) for prompt in PROMPTS}
 
 
 @pytest.fixture(scope="module")

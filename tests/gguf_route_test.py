@@ -9,9 +9,7 @@ with zero live sessions and no KV in use; cancel and client disconnect free ever
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +21,7 @@ from meshnet.client.session import GenerationParams, RouteSession
 from meshnet.reference.model import load_tokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
-from route_cases import MORE_PROMPTS, PROMPTS, TOKENS, generate
+from route_cases import MORE_PROMPTS, PROMPTS, TOKENS, generate, llama_cpp_greedy
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
@@ -39,10 +37,7 @@ def tokenizer():
 def baseline(tokenizer):
     out = {}
     for prompt in PROMPTS + MORE_PROMPTS:
-        ids = tokenizer(prompt)["input_ids"]
-        proc = subprocess.run([str(GREEDY), str(GGUF), str(TOKENS), *map(str, ids)], capture_output=True, text=True,
-                              check=True)
-        out[prompt] = json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
+        out[prompt] = llama_cpp_greedy(GREEDY, GGUF, tokenizer(prompt)["input_ids"], TOKENS)
     return out
 
 

@@ -12,9 +12,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
 from meshnet.types import tracker as tt
 from meshnet.types.status import StatusCode
+from route_cases import llama_cpp_greedy
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
@@ -42,9 +41,7 @@ def prompt_ids():
 
 @pytest.fixture(scope="module")
 def baseline(prompt_ids):
-    proc = subprocess.run([str(GREEDY), str(GGUF), str(TOKENS), *map(str, prompt_ids)], capture_output=True,
-                          text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
+    return llama_cpp_greedy(GREEDY, GGUF, prompt_ids, TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,19 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <functional>
 #include <future>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cpp/engine/tiny_llama.h"
+#include "cpp/worker/engine_gate.h"
 
 namespace meshnet::worker {
 namespace {
 
 using protocol::Code;
+using test_support::EngineGate;
 
 std::vector<std::pair<int, int>> Pairs(const std::vector<Slice>& plan) {
   std::vector<std::pair<int, int>> out;
@@ -217,32 +218,6 @@ TEST(SchedulerTest, RefusesBadItemsAndFullQueue) {
   EXPECT_EQ(tail->Submit(std::move(third)).code, Code::kResourceExhausted);
   gate.set_value();
 }
-
-// Holds the engine thread inside a 1-token item's callback (on `seq`) until Open(), standing in
-// for a long prefill of another session: whatever is submitted meanwhile waits in the queue.
-class EngineGate {
- public:
-  EngineGate(Scheduler& scheduler, int32_t seq, std::function<void()> on_done = nullptr) {
-    std::shared_future<void> open = gate_.get_future().share();
-    WorkItem item = Tokens(seq, 0, {11});
-    item.done = [open, on_done, this](const protocol::Status&, std::vector<float>) {
-      if (on_done) on_done();
-      entered_.set_value();
-      open.wait();
-    };
-    EXPECT_TRUE(scheduler.Submit(std::move(item)).ok());
-  }
-  ~EngineGate() { Open(); }
-  void WaitEntered() { entered_.get_future().wait(); }
-  void Open() {
-    if (!opened_) gate_.set_value();
-    opened_ = true;
-  }
-
- private:
-  std::promise<void> gate_, entered_;
-  bool opened_ = false;
-};
 
 struct Outcome {
   std::promise<std::pair<protocol::Status, std::vector<float>>> promise;

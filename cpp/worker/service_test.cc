@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <future>
 #include <mutex>
 #include <optional>
 #include <cstdlib>
@@ -24,6 +23,7 @@
 
 #include "cpp/engine/tiny_llama.h"
 #include "cpp/protocol/ticket_signer_for_tests.h"
+#include "cpp/worker/engine_gate.h"
 #include "cpp/worker/test_hop.h"
 
 namespace meshnet::worker {
@@ -41,6 +41,20 @@ protocol::SeamFrame Frame(protocol::Phase phase, uint64_t step) {
   frame.phase = phase;
   frame.step = step;
   return frame;
+}
+
+using SeamStream = grpc::ClientReaderWriterInterface<pb::SeamFrame, pb::SeamReply>;
+
+// Writes `frame` on `seam`, reads one reply and returns its status.
+protocol::Status Exchange(SeamStream& seam, const protocol::SeamFrame& frame) {
+  pb::SeamFrame message;
+  protocol::ToProto(frame, &message);
+  EXPECT_TRUE(seam.Write(message));
+  pb::SeamReply reply;
+  EXPECT_TRUE(seam.Read(&reply));
+  protocol::SeamReply out;
+  protocol::FromProto(reply, &out);
+  return out.status.value_or(protocol::InternalError("no status"));
 }
 
 class ServiceTest : public ::testing::TestWithParam<bool> {};  // param: TLS on every link
@@ -225,33 +239,6 @@ TEST(ServiceDeadlineTest, StreamWithoutTicketIsCut) {
   EXPECT_TRUE(honest->Finish().ok());
 }
 
-// Holds `hop`'s engine thread in the callback of a 1-token item on `seq` (a sequence id the
-// session table never hands out) until destroyed or Open(): steps submitted meanwhile queue.
-class EngineGate {
- public:
-  EngineGate(Scheduler& scheduler, int32_t seq) {
-    std::shared_future<void> open = gate_.get_future().share();
-    WorkItem item;
-    item.seq = seq;
-    item.tokens = {11};
-    item.done = [open, this](const protocol::Status&, std::vector<float>) {
-      entered_.set_value();
-      open.wait();
-    };
-    EXPECT_TRUE(scheduler.Submit(std::move(item)).ok());
-    entered_.get_future().wait();
-  }
-  ~EngineGate() { Open(); }
-  void Open() {
-    if (!opened_) gate_.set_value();
-    opened_ = true;
-  }
-
- private:
-  std::promise<void> gate_, entered_;
-  bool opened_ = false;
-};
-
 // A step whose budget runs out while it waits for the engine is answered DEADLINE_EXCEEDED and
 // leaves nothing behind: a later step of the same session gives the whole model's token, and a
 // session whose first step it was holds no sequence.
@@ -270,16 +257,6 @@ TEST(ServiceDeadlineTest, BudgetSpentInTheQueueLeavesTheSessionAsItWas) {
   grpc::ClientContext results_context, seam_context;
   auto results = stub->Results(&results_context, tracker.Results(route, kSession));
   auto seam = stub->Seam(&seam_context);
-  auto exchange = [&](const protocol::SeamFrame& frame) {
-    pb::SeamFrame message;
-    protocol::ToProto(frame, &message);
-    EXPECT_TRUE(seam->Write(message));
-    pb::SeamReply reply;
-    EXPECT_TRUE(seam->Read(&reply));
-    protocol::SeamReply out;
-    protocol::FromProto(reply, &out);
-    return out.status.value_or(protocol::InternalError("no status"));
-  };
   auto token = [&] {
     pb::ResultFrame message;
     EXPECT_TRUE(results->Read(&message));
@@ -289,7 +266,7 @@ TEST(ServiceDeadlineTest, BudgetSpentInTheQueueLeavesTheSessionAsItWas) {
   prefill.span = protocol::TokenSpan{0, static_cast<uint32_t>(prompt.size())};
   prefill.token_ids.assign(prompt.begin(), prompt.end());
   prefill.ticket = tracker.TicketFor(route, 0, kSession);
-  ASSERT_TRUE(exchange(prefill).ok());
+  ASSERT_TRUE(Exchange(*seam, prefill).ok());
   const uint32_t first = token();
   EXPECT_EQ(first, expected[0]);
   const uint64_t cells = hop.scheduler->Stats().kv_cells_used;
@@ -304,13 +281,14 @@ TEST(ServiceDeadlineTest, BudgetSpentInTheQueueLeavesTheSessionAsItWas) {
   other.ticket = tracker.TicketFor(route, 0, *other.session);
   other.budget_ms = 1;
   {
-    EngineGate busy(*hop.scheduler, 2);
-    protocol::Status late = exchange(budgeted);
+    test_support::EngineGate busy(*hop.scheduler, 2);
+    busy.WaitEntered();
+    protocol::Status late = Exchange(*seam, budgeted);
     EXPECT_EQ(late.code, Code::kDeadlineExceeded) << late.ToString();
     EXPECT_TRUE(late.retryable);
     EXPECT_EQ(late.hop, "hop");
     EXPECT_EQ(late.message, "step 2 not done on hop within its budget of 1 ms");
-    EXPECT_EQ(exchange(other).code, Code::kDeadlineExceeded);
+    EXPECT_EQ(Exchange(*seam, other).code, Code::kDeadlineExceeded);
     EXPECT_EQ(hop.service->active_sessions(), 1);  // s2 is gone, s1 stays
   }
   for (int i = 0; i < 500 && hop.service->free_seqs() < 1; ++i) {
@@ -318,7 +296,7 @@ TEST(ServiceDeadlineTest, BudgetSpentInTheQueueLeavesTheSessionAsItWas) {
   }
   EXPECT_EQ(hop.service->free_seqs(), 1);
   EXPECT_EQ(hop.scheduler->Stats().kv_cells_used, cells + 1);  // + the gate's token only
-  protocol::Status again = exchange(decode);  // the same step, no budget
+  protocol::Status again = Exchange(*seam, decode);  // the same step, no budget
   ASSERT_TRUE(again.ok()) << again.ToString();
   EXPECT_EQ(token(), expected[1]);
   seam->WritesDone();
@@ -390,18 +368,8 @@ TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
                                                 protocol::RouteTicket{"body", "signature"}}};
     return frame;
   };
-  auto exchange = [&](const protocol::SeamFrame& frame) {
-    pb::SeamFrame message;
-    protocol::ToProto(frame, &message);
-    EXPECT_TRUE(seam->Write(message));
-    pb::SeamReply reply;
-    EXPECT_TRUE(seam->Read(&reply));
-    protocol::SeamReply out;
-    protocol::FromProto(reply, &out);
-    return out.status.value_or(protocol::InternalError("no status"));
-  };
   const std::string next_address = "127.0.0.1:" + std::to_string(next_port);
-  ASSERT_TRUE(exchange(prefill("s1", "hop-2", next_address, 600000)).ok());
+  ASSERT_TRUE(Exchange(*seam, prefill("s1", "hop-2", next_address, 600000)).ok());
   std::optional<pb::SeamFrame> forwarded = next.Frame(0);
   ASSERT_TRUE(forwarded.has_value());
   EXPECT_GT(forwarded->budget_ms(), 0u);
@@ -411,13 +379,13 @@ TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
   decode.session = protocol::RouteSession{"s1", 1};
   decode.span = protocol::TokenSpan{3, 1};
   decode.token_ids = {4};
-  ASSERT_TRUE(exchange(decode).ok());
+  ASSERT_TRUE(Exchange(*seam, decode).ok());
   forwarded = next.Frame(1);
   ASSERT_TRUE(forwarded.has_value());
   EXPECT_EQ(forwarded->budget_ms(), 0u);  // none given, none forwarded
 
   // Nothing listens on port 1: the refused connection fails the step at once.
-  protocol::Status unreachable = exchange(prefill("s2", "hop-x", "127.0.0.1:1", 0));
+  protocol::Status unreachable = Exchange(*seam, prefill("s2", "hop-x", "127.0.0.1:1", 0));
   EXPECT_EQ(unreachable.code, Code::kUnavailable) << unreachable.ToString();
   EXPECT_TRUE(unreachable.retryable);
   EXPECT_EQ(unreachable.hop, "hop-x");
@@ -432,7 +400,7 @@ TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
   ASSERT_EQ(listen(silent, 8), 0);
   ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&any), &length), 0);
   const std::string silent_address = "127.0.0.1:" + std::to_string(ntohs(any.sin_port));
-  protocol::Status late = exchange(prefill("s3", "hop-x", silent_address, 50));
+  protocol::Status late = Exchange(*seam, prefill("s3", "hop-x", silent_address, 50));
   close(silent);
   EXPECT_EQ(late.code, Code::kDeadlineExceeded) << late.ToString();
   EXPECT_EQ(late.hop, "hop-1");

@@ -12,7 +12,7 @@ from meshnet.types.status import StatusCode
 TRACKER, CLIENT, NODE = Identity.generate(), Identity.generate(), Identity.generate()
 SESSION = t.RouteSession("rs-1", 3)
 BODY = t.TicketBody("rs-1", 3, NODE.node_id, t.ShardRange(0, 10, 2), "n-next", "127.0.0.1:9", b"k" * 32,
-                    "PEM", CLIENT.public_key, CLIENT.principal, tickets.now_ms() + 60_000)
+                    "PEM", CLIENT.public_key, CLIENT.principal, tickets.now_ms() + 3_600_000)
 
 
 def test_a_ticket_round_trips_and_admits_its_hop():

@@ -3,9 +3,11 @@
   python -m meshnet.recipe.certify --gguf PATH --model NAME --backend reference [--append models.json]
 
 prints (or appends to the tracker's --models file) {"model", "architecture", "n_layer",
-"artifact_fingerprint", "recipe_fingerprint"}. Nodes compute the same two fingerprints with
-`node_fingerprints`, so a node is admitted only when it serves the certified bytes the
-certified way. Invariant: certify and node_fingerprints use one recipe definition (`recipe_of`).
+"artifact_fingerprint", "recipe_fingerprint", "tensor_digests"}. Nodes compute the same two
+fingerprints with `node_fingerprints`, so a node is admitted only when it serves the certified
+bytes the certified way; the per-tensor digests let the tracker check the range fingerprint a
+node declares for whatever layers it registers. Invariant: certify and node_fingerprints use one
+recipe definition (`recipe_of`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from meshnet.recipe.fingerprint import GgufSummary, artifact_fingerprint, gguf_summary
+from meshnet.recipe.fingerprint import GgufSummary, artifact_fingerprint, gguf_summary, tensor_digests
 from meshnet.recipe.recipe import RuntimeRecipe, recipe_for
 
 # What each backend runs, besides the artifact: wire dtype, KV dtype, runtime identity.
@@ -39,7 +41,8 @@ def node_fingerprints(gguf: str | Path, backend: str) -> tuple[GgufSummary, str,
 def certify(gguf: str | Path, model: str, backend: str) -> dict:
     summary, artifact, recipe = node_fingerprints(gguf, backend)
     return {"model": model, "architecture": summary.architecture, "n_layer": summary.n_layer,
-            "artifact_fingerprint": artifact, "recipe_fingerprint": recipe}
+            "artifact_fingerprint": artifact, "recipe_fingerprint": recipe,
+            "tensor_digests": tensor_digests(gguf)[1]}
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from meshnet.recipe import certify, fixtures
+from meshnet.recipe import certify, fingerprint, fixtures
 
 
 @pytest.fixture
@@ -19,8 +19,12 @@ def gguf(tmp_path, monkeypatch):
 def test_entry_matches_node_fingerprints(gguf):
     entry = certify.certify(gguf, "tiny", "reference")
     summary, artifact, recipe = certify.node_fingerprints(gguf, "reference")
+    digests = entry.pop("tensor_digests")
     assert entry == {"model": "tiny", "architecture": "llama", "n_layer": summary.n_layer,
                      "artifact_fingerprint": artifact, "recipe_fingerprint": recipe}
+    for start, end in ((0, 1), (1, 3), (0, summary.n_layer)):  # what a node serving them declares
+        assert fingerprint.certified_range_fingerprint(digests, summary.n_layer, start, end) == \
+            fingerprint.range_fingerprint(gguf, start, end)
     assert certify.certify(gguf, "tiny", "gguf")["recipe_fingerprint"] != recipe
     with pytest.raises(ValueError):
         certify.certify(gguf, "tiny", "tensorrt")

@@ -26,7 +26,7 @@ PathLike = Union[str, os.PathLike]
 CHUNK_BYTES = 8 << 20  # streaming read size for whole-file hashing
 CACHE_ENV = "MESHNET_FINGERPRINT_CACHE"
 CACHE_VERSION = 1  # bump when the cache layout or the hash definition changes
-RANGE_STREAM_MAGIC = b"meshnet-range-fingerprint-v1\n"  # prefixes the range stream
+RANGE_STREAM_MAGIC = b"meshnet-range-fingerprint-v2\n"  # prefixes the range stream
 DEFAULT_ROPE_FREQ_BASE = 10000.0  # llama.cpp's default when {arch}.rope.freq_base is absent
 GUESSED_FILE_TYPE_FLAG = 1024  # LLAMA_FTYPE_GUESSED, or-ed into general.file_type
 
@@ -230,10 +230,12 @@ def _file_type(reader: gguf.GGUFReader, tensors: dict, path: PathLike) -> str:
 def range_fingerprint(path: PathLike, layer_start: int, layer_end: int) -> str:
     """Returns "sha256:<hex>" of the tensors a node serving [layer_start, layer_end) owns.
 
-    Stream: RANGE_STREAM_MAGIC, then for each owned tensor in name order a header line
-    `json.dumps([name, ggml_type_name, shape, n_bytes])` + "\\n" (shape in ggml ne order, as
-    GGUFReader gives it), followed by exactly n_bytes raw tensor bytes. Ownership is in
-    `owned_tensor_names`. Nothing else of the file (metadata, other layers) enters the hash.
+    Each owned tensor has a digest: sha256 of a header line `json.dumps([name, ggml_type_name,
+    shape, n_bytes])` + "\\n" (shape in ggml ne order, as GGUFReader gives it) followed by
+    exactly n_bytes raw tensor bytes. The range fingerprint is sha256 of RANGE_STREAM_MAGIC, then
+    a line `name\\tdigest_hex\\n` per owned tensor in name order (`combine_digests`), so anyone
+    holding the certified per-tensor digests (the tracker) computes any range's fingerprint
+    without the file. Ownership is in `owned_tensor_names`; nothing else of the file enters.
     """
     return summarize_range(path, layer_start, layer_end)[1]
 
@@ -243,15 +245,53 @@ def summarize_range(path: PathLike, layer_start: int, layer_end: int) -> tuple[G
     tokenizer's strings) is the slow part, so a node starting up asks for both at once."""
     reader = _open_reader(path)
     summary = _summarize(reader, path)
-    tensors = {t.name: t for t in reader.tensors}
+    names = owned_tensor_names(summary, (t.name for t in reader.tensors), layer_start, layer_end, path)
+    return summary, combine_digests(_tensor_digests(reader, path, names))
+
+
+def tensor_digests(path: PathLike) -> tuple[GgufSummary, dict[str, str]]:
+    """(gguf_summary, {tensor name: digest hex}) for every tensor of the file (certification:
+    `combine_digests` over a range's owned names then gives that range's fingerprint)."""
+    reader = _open_reader(path)
+    summary = _summarize(reader, path)
+    owned_tensor_names(summary, (t.name for t in reader.tensors), 0, summary.n_layer, path)  # all assignable
+    return summary, _tensor_digests(reader, path, sorted(t.name for t in reader.tensors))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ownership:
+    """What `owned_tensor_names` reads of a summary, when only tensor names are at hand."""
+
+    n_layer: int
+    tied_embeddings: bool
+
+
+def certified_range_fingerprint(digests: dict[str, str], n_layer: int, layer_start: int, layer_end: int) -> str:
+    """The fingerprint a node serving [layer_start, layer_end) of the certified model must
+    declare, from the certified per-tensor digests (ValueError for a range they cannot serve)."""
+    owners = _Ownership(n_layer, OUTPUT not in digests)
+    names = owned_tensor_names(owners, digests, layer_start, layer_end, "<certified digests>")  # type: ignore[arg-type]
+    return combine_digests({n: digests[n] for n in names})
+
+
+def combine_digests(digests: dict[str, str]) -> str:
+    """The range fingerprint of the tensors in `digests` (name -> digest hex)."""
     hasher = hashlib.sha256(RANGE_STREAM_MAGIC)
+    for name in sorted(digests):
+        hasher.update(f"{name}\t{digests[name]}\n".encode("utf-8"))
+    return "sha256:" + hasher.hexdigest()
+
+
+def _tensor_digests(reader: gguf.GGUFReader, path: PathLike, names: Iterable[str]) -> dict[str, str]:
+    tensors = {t.name: t for t in reader.tensors}
+    out = {}
     # Tensor bytes are read through the page cache, not the reader's memory map: a node's
     # control process hashes its range at start-up and must not keep those pages resident.
     with open(path, "rb") as f:
-        for name in owned_tensor_names(summary, tensors.keys(), layer_start, layer_end, path):
+        for name in names:
             t = tensors[name]
             header = [name, t.tensor_type.name, [int(d) for d in t.shape], int(t.n_bytes)]
-            hasher.update(json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n")
+            hasher = hashlib.sha256(json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n")
             f.seek(t.data_offset)
             left = int(t.n_bytes)
             while left:
@@ -260,7 +300,8 @@ def summarize_range(path: PathLike, layer_start: int, layer_end: int) -> tuple[G
                     raise ValueError(f"{path}: tensor {name} runs past the end of the file")
                 hasher.update(chunk)
                 left -= len(chunk)
-    return summary, "sha256:" + hasher.hexdigest()
+            out[name] = hasher.hexdigest()
+    return out
 
 
 def owned_tensor_names(

@@ -212,8 +212,9 @@ def test_summary_and_fingerprints_of_bundled_smollm2():
     assert fp.range_fingerprint(path, 0, 10) == SMOLLM2_FIRST_TEN
 
 
-SMOLLM2_FULL_RANGE = "sha256:30a74d3723fc56621d99953eaa44cdd377e2c30a71cf00fdaee69b6434d29144"
-SMOLLM2_FIRST_TEN = "sha256:b70412c55e8cd067f05ede7ab18f42f09fc7c4a2eb21b8e15d4caf9424edb33a"
+# Range fingerprint v2 (per-tensor digests combined; issue 13), recomputed when v1 was replaced.
+SMOLLM2_FULL_RANGE = "sha256:9c8e4d339ac7033ff90cd99e5ab016a17f9ca11d5e098a6c472109b40c35827b"
+SMOLLM2_FIRST_TEN = "sha256:90e82e82b1f12b239c3438e04e4d218eb4780f38f550e85a6ef216a7790ad418"
 
 
 def test_summary_reads_rope_scaling_and_guesses_file_type(tmp_path):
@@ -258,14 +259,25 @@ def test_different_ranges_differ_and_equal_files_agree(tmp_path):
 
 def test_range_stream_is_as_documented(tmp_path):
     path = write_tiny_llama(tmp_path / "a.gguf")
-    hasher = hashlib.sha256(b"meshnet-range-fingerprint-v1\n")
+    hasher = hashlib.sha256(b"meshnet-range-fingerprint-v2\n")
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     for name in sorted(f"blk.1.{part}.weight" for part in LAYER_TENSORS):
         t = tensors[name]
         shape = ",".join(str(int(d)) for d in t.shape)
-        hasher.update(f'["{name}","F32",[{shape}],{t.n_bytes}]\n'.encode())
-        hasher.update(t.data.tobytes())
+        digest = hashlib.sha256(f'["{name}","F32",[{shape}],{t.n_bytes}]\n'.encode() + t.data.tobytes()).hexdigest()
+        hasher.update(f"{name}\t{digest}\n".encode())
     assert fp.range_fingerprint(path, 1, 2) == "sha256:" + hasher.hexdigest()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_certified_digests_give_every_ranges_fingerprint_without_the_file(tmp_path, tied):
+    path = write_tiny_llama(tmp_path / "a.gguf", tied=tied)
+    summary, digests = fp.tensor_digests(path)
+    assert summary.tied_embeddings == tied
+    for s, e in RANGES:
+        assert fp.certified_range_fingerprint(digests, 4, s, e) == fp.range_fingerprint(path, s, e)
+    with pytest.raises(ValueError):
+        fp.certified_range_fingerprint(digests, 4, 2, 5)
 
 
 def _changed_ranges(path, tensor_name, ranges=RANGES) -> set:

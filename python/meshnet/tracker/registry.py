@@ -21,6 +21,7 @@ import uuid
 from typing import Callable, Optional
 
 from meshnet.identity import keys
+from meshnet.recipe import fingerprint
 from meshnet.tracker import routing
 from meshnet.types import tracker as tt
 from meshnet.types.ids import NodeId, SessionId
@@ -44,6 +45,9 @@ class CertifiedModel:
     n_layer: int
     artifact_fingerprint: str  # "sha256:<hex>" of the certified GGUF
     recipe_fingerprint: str  # "sha256:<hex>" of the certified runtime recipe
+    # tensor name -> digest (meshnet.recipe.fingerprint): any range's expected fingerprint; an
+    # empty map (an entry certified before range checks) skips the range check
+    tensor_digests: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -132,6 +136,15 @@ class Registry:
             return tt.Admission.REFUSED, f"artifact fingerprint {got} != certified {model.artifact_fingerprint}"
         if fp.runtime_recipe != model.recipe_fingerprint:
             return tt.Admission.REFUSED, f"recipe fingerprint {fp.runtime_recipe} != certified {model.recipe_fingerprint}"
+        if model.tensor_digests:
+            start, end = info.layers.start, info.layers.end
+            try:
+                expected = fingerprint.certified_range_fingerprint(model.tensor_digests, model.n_layer, start, end)
+            except ValueError as err:
+                return tt.Admission.REFUSED, f"layers [{start}, {end}) cannot be served from the certified model: {err}"
+            if info.range_fingerprint != expected:
+                return tt.Admission.REFUSED, (f"range fingerprint {info.range_fingerprint or 'none'} for layers "
+                                              f"[{start}, {end}) != certified {expected}")
         return tt.Admission.ROUTABLE, ""
 
     def heartbeat(self, node_id: NodeId, load: Optional[tt.Load], caller: bytes) -> tt.HeartbeatReply:

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from meshnet.identity.keys import Identity
+from meshnet.recipe import fingerprint
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.types import tracker as tt
 from meshnet.types.ids import NodeId
@@ -281,3 +282,18 @@ def test_overlapping_gguf_ranges_meet_only_at_exact_boundaries(registry):
     assert reply.status.code == StatusCode.UNAVAILABLE and "past layer 12" in reply.status.message
     register(registry, "r", 10, 30, backend=tt.BackendKind.REFERENCE)
     assert route_names(open_route(registry)) == [("a", 0, 12), ("r", 12, 30)]
+
+
+def test_the_range_fingerprint_must_be_the_certified_one_for_the_registered_layers(clock):
+    names = ["token_embd.weight", "output_norm.weight"] + [f"blk.{i}.{t}.weight" for i in range(30)
+                                                            for t in ("attn_q", "ffn_up")]
+    digests = {n: f"{i:064x}" for i, n in enumerate(names)}
+    certified = dataclasses.replace(MODEL, tensor_digests=digests)
+    registry = Registry([certified], clock=clock)
+    good = fingerprint.certified_range_fingerprint(digests, 30, 10, 20)
+    assert register(registry, "a", 10, 20, range_fingerprint=good).admission == tt.Admission.ROUTABLE
+    other = fingerprint.certified_range_fingerprint(digests, 30, 0, 10)  # a real fingerprint, of other layers
+    refused = register(registry, "b", 10, 20, range_fingerprint=other)
+    assert refused.admission == tt.Admission.REFUSED and refused.status.code == StatusCode.FINGERPRINT_MISMATCH
+    assert "range fingerprint" in refused.reason
+    assert nid("b") not in [n.node_id for n in registry.coverage("smol").nodes]
