@@ -34,8 +34,10 @@ def keys():
 
 
 def info(keys, name, start, end, *, architecture="llama", recipe="sha256:rec", sessions=64):
+    # Reference nodes: they may run from an effective start, so overlapping ranges chain
+    # (GGUF nodes meet only at exact boundaries: tracker/routing_test.py, overlap_route_test.py).
     key = keys[name]
-    return tt.NodeInfo(key.node_id, f"127.0.0.1:{9000 + start}", tt.BackendKind.GGUF, "smol", architecture,
+    return tt.NodeInfo(key.node_id, f"127.0.0.1:{9000 + start}", tt.BackendKind.REFERENCE, "smol", architecture,
                        Fingerprints("sha256:art", recipe), "sha256:r", tt.LayerRange(start, end),
                        tt.Capacity(sessions, 1 << 20, 1 << 30), 30, key.public_key, "")
 
