@@ -72,7 +72,8 @@ class GenerationParams:
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
     first_token_timeout: float = 120.0  # seconds to wait for the first token (the prefill)
-    token_timeout: float = 10.0  # seconds to wait for each later token before probing the route
+    token_timeout: float = 10.0  # seconds without a token before the hops are probed (then again as often)
+    stall_timeout: float = 60.0  # seconds without a later token, all hops answering, before failing over
     probe_timeout: float = 1.0  # seconds a hop has to answer Health when a failure is attributed
     route_wait: float = 30.0  # seconds to keep asking for a new route while none is available (retryable)
 
@@ -260,7 +261,7 @@ class RouteSession:
                               span=t.TokenSpan(0, len(ids)), token_ids=tuple(ids), expected_cache=t.CacheState(0),
                               sampling=sampling, downstream=downstream, ticket=first.ticket))
         for produced in range(budget):
-            event = self._next_event(conn, params.first_token_timeout if produced == 0 else params.token_timeout,
+            event = self._next_event(conn, params.first_token_timeout if produced == 0 else params.stall_timeout,
                                      params.token_timeout, params.probe_timeout)
             token = event.tokens[0].token_id
             yield token
@@ -273,9 +274,10 @@ class RouteSession:
 
     def _next_event(self, conn: _Connection, timeout: float, probe_every: float,
                     probe_timeout: float) -> t.ResultFrame:
-        """The next token frame. While waiting longer than `probe_every` (a long prefill), the
-        hops' Health is probed every `probe_every` seconds: a hop that does not answer fails the
-        route at once; at `timeout` the route fails, blamed on a silent hop if there is one."""
+        """The next token frame. While waiting longer than `probe_every` (a long prefill, a loaded
+        route), the hops' Health is probed every `probe_every` seconds: a hop that does not
+        answer fails the route at once; at `timeout` the route fails, blamed on a silent hop if
+        there is one, else on no one."""
         deadline = time.monotonic() + timeout
         next_probe = time.monotonic() + probe_every
         while True:
