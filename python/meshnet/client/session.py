@@ -45,6 +45,7 @@ from meshnet.types.status import Status, StatusCode
 
 _CLOSE = object()
 MAX_QUEUED_FRAMES = 8  # frames waiting for the first hop's stream; the client has at most ~3 in flight
+INITIAL_CREDITS = 4  # frames the client may send before the first hop's first reply says how many
 
 
 class MeshnetError(Exception):
@@ -86,6 +87,9 @@ class _Connection:
         self.hops = route.hops
         self.events: queue.Queue = queue.Queue()
         self._frames: queue.Queue = queue.Queue(maxsize=MAX_QUEUED_FRAMES)
+        # Flow control: frames sent and not yet answered stay below the first hop's last credits.
+        self._credit = threading.Condition()
+        self._in_flight, self._credits, self._ended = 0, INITIAL_CREDITS, False
         first, last = self.hops[0], self.hops[-1]
         for hop in (first, last):
             if hop.ticket is None:
@@ -112,6 +116,11 @@ class _Connection:
         try:
             for reply in self._seam:
                 native = seam.from_proto(reply)
+                with self._credit:
+                    self._in_flight = max(0, self._in_flight - 1)
+                    if native.credits:
+                        self._credits = min(native.credits, MAX_QUEUED_FRAMES)
+                    self._credit.notify_all()
                 if native.status is not None and not native.status.ok:
                     # A hop names itself, or its downstream (relayed upstream to us): take it if on the route.
                     blamed = self._on_route(native.status.hop) if native.status.hop else first
@@ -119,6 +128,10 @@ class _Connection:
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:
                 self.events.put(_HopFailure(first, Status(StatusCode.UNAVAILABLE, f"first hop lost: {err.code().name}", True)))
+        finally:
+            with self._credit:
+                self._ended = True  # nothing more will be answered: senders stop waiting
+                self._credit.notify_all()
 
     def _read_results(self) -> None:
         last = self.hops[-1].node.node_id
@@ -138,7 +151,13 @@ class _Connection:
                 self.events.put(_HopFailure(last, Status(StatusCode.UNAVAILABLE, f"last hop lost: {err.code().name}", True)))
 
     def send(self, frame: t.SeamFrame, timeout: float = 5.0) -> None:
-        """Queues a frame for the first hop; a first hop that takes none for `timeout` fails."""
+        """Sends a frame to the first hop once it has credit for it; a first hop that grants no
+        credit or takes no frame for `timeout` fails."""
+        with self._credit:
+            if not self._credit.wait_for(lambda: self._ended or self._in_flight < self._credits, timeout):
+                raise _HopFailure(self.hops[0].node.node_id, Status(
+                    StatusCode.UNAVAILABLE, f"the first hop granted no credit for {timeout:g}s", True))
+            self._in_flight += 1
         try:
             self._frames.put(seam.to_proto(frame), timeout=timeout)
         except queue.Full:
