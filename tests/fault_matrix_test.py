@@ -244,7 +244,7 @@ def test_fault(swarm, wan, tokenizer, baseline, summary, case):
         for i in range(RUNS):
             result = run_once(swarm, wan, tracker_client, tokenizer, baseline, case, rng, in_prefill=i % 3 == 0)
             runs.append(result)
-            assert result["tokens_match"], (case, i, result)
-            assert not result["survivors_busy"], (case, i, result)
+            if not result["ok"]:  # the whole run, unabridged, to tell which hop held what
+                pytest.fail(f"{case} run {i}: {json.dumps(result, default=str)}")
             _wait_routable(swarm, n)
             assert _idle(swarm, set(), 15.0) == {}, (case, i, "the faulted hop kept state after it came back")

@@ -24,6 +24,8 @@ struct Downstream::Stream {
 
 namespace {
 
+constexpr std::chrono::milliseconds kCloseGrace{250};  // see Close()
+
 std::shared_ptr<grpc::Channel> Dial(const std::string& address,
                                     const DownstreamCredentials& credentials) {
   grpc::ChannelArguments args;
@@ -118,7 +120,10 @@ void Downstream::Close() {
     closed_ = true;
     stream_->stream->WritesDone();
   }
-  if (finished_.get_future().wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+  // A next hop that is alive finishes at once; one that is cut off or stopped never does, and
+  // the session (and the lock the caller holds) must not wait for it: after a short grace the
+  // stream is cancelled, which frees the session on the next hop just as a finish would.
+  if (finished_.get_future().wait_for(kCloseGrace) != std::future_status::ready) {
     stream_->context.TryCancel();
   }
   reader_.join();

@@ -53,8 +53,8 @@ class Downstream {
 
   // False when the stream is closed or broken.
   bool Send(const protocol::SeamFrame& frame);
-  // Half-closes; waits up to 2 s for the next hop to end the stream, then cancels it; joins
-  // the reader. Idempotent.
+  // Half-closes; waits up to 250 ms for the next hop to end the stream, then cancels it (a
+  // cancelled stream frees the session there too); joins the reader. Idempotent.
   void Close();
 
  private:

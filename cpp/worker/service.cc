@@ -251,7 +251,12 @@ grpc::Status ShardService::Results(grpc::ServerContext* context,
     protocol::ToProto(frame, &message);
     if (!writer->Write(message)) break;
   }
+  const bool abandoned = context->IsCancelled();
   results_.Detach(key, queue);
+  if (abandoned) {  // the client stopped reading (failover, disconnect): its tokens have nowhere to go
+    End(key, FinishReason::kCancelled,
+        MakeError(Code::kCancelled, "the client stopped reading results", false));
+  }
   return grpc::Status::OK;
 }
 

@@ -87,7 +87,10 @@ class _Downstream:
 
     def close(self) -> None:
         self._closed.set()
-        self._frames.put(_CLOSE)
+        try:
+            self._frames.put_nowait(_CLOSE)
+        except queue.Full:
+            pass  # a next hop that takes nothing: closing the channel below cancels the stream
         self._channel.close()
 
 
@@ -182,6 +185,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         items, refusal = self.results.attach(key)
         if refusal is not None:
             context.abort(_REFUSALS[refusal], refusal.value)
+        closed = False
         try:
             while context.is_active():
                 try:
@@ -189,10 +193,15 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
                 except queue.Empty:
                     continue
                 if item is _CLOSE:
+                    closed = True
                     return
                 yield seam.to_proto(item)
         finally:
             self.results.detach(key, items)
+            session = None if closed else self.table.remove(key)
+            if session is not None:  # the client stopped reading (failover, disconnect): nowhere to send tokens
+                self._finish(session, t.FinishReason.CANCELLED, Status(StatusCode.CANCELLED,
+                                                                       "the client stopped reading results"))
 
     # ---- seam -------------------------------------------------------------------------------
 
