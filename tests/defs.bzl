@@ -1,5 +1,6 @@
-"""swarm_test: a py_pytest over real GGUF processes, with the bundled model, the native worker
-and single-process llama.cpp's greedy binary, and the environment variables that name them."""
+"""swarm_test: a py_pytest over real swarm processes, with the bundled model, the native worker
+and single-process llama.cpp's greedy binary, the environment variables that name them, and
+the libraries every such test uses (client, swarm launcher, reference model, shared cases)."""
 
 load("//tools:pytest.bzl", "py_pytest")
 
@@ -17,6 +18,11 @@ def swarm_test(name, srcs, deps = [], **kwargs):
             "MESHNET_GREEDY_BINARY": "$(location //cpp/engine:greedy)",
             "MESHNET_WORKER_BINARY": "$(location //cpp/worker:worker)",
         },
-        deps = deps,
+        deps = [
+            "//python:client",
+            "//python:reference",
+            "//python:swarm_lib",
+            "//tests:route_cases",
+        ] + deps,
         **kwargs
     )

@@ -177,8 +177,9 @@ def _wait_routable(swarm, count: int, timeout: float = 60.0) -> None:
         while time.monotonic() < deadline:
             try:
                 cover = probe.coverage(swarm.model)
-                if len(cover.nodes) == count and not cover.gaps and len(_health(swarm)) == count \
-                        and all(isinstance(s[0], int) for s in _health(swarm).values()):
+                health = _health(swarm)
+                if len(cover.nodes) == count and not cover.gaps and len(health) == count \
+                        and all(isinstance(s[0], int) for s in health.values()):
                     return
             except Exception:
                 pass
