@@ -158,6 +158,10 @@ def test_roles_and_signatures_scope_every_call(tracker, nodes, keys, client):
     with tracker.client() as stranger:
         assert stranger.report_failure(route.session, victim).status.code == StatusCode.PERMISSION_DENIED
         assert stranger.close_route(route.session).status.code == StatusCode.PERMISSION_DENIED
+        assert stranger.renew_route(route.session).status.code == StatusCode.PERMISSION_DENIED
+    assert code_of(lambda: nodes["n1"].renew_route(route.session)) == grpc.StatusCode.PERMISSION_DENIED  # role
+    renewed = client.renew_route(route.session)  # the route's own client, beside the refusals
+    assert renewed.status.ok and renewed.lease_ms == route.lease_ms > 0
     off_route = client.report_failure(route.session, keys["n1"].node_id)
     assert off_route.status.code == StatusCode.INVALID_ARGUMENT
     assert client.open_route(tt.OpenRouteRequest("smol")).hops[0].node.node_id == victim  # nobody was banned
