@@ -150,10 +150,13 @@ CASES = {  # name -> (fault, index of the route's hop it hits)
 
 # ---- the run -------------------------------------------------------------------------------
 
-def _health(swarm, channels: Optional[dict] = None) -> dict[str, tuple[int, int]]:
-    """Sessions and KV cells per node (over `channels`, else those the tracker lists now)."""
+def _health(swarm, channels: Optional[dict] = None, exclude: frozenset = frozenset()) -> dict[str, tuple[int, int]]:
+    """Sessions and KV cells per node (over `channels`, else those the tracker lists now), but
+    for the nodes in `exclude`: a cut or stopped hop would hold each poll for the whole timeout."""
     out = {}
     for node_id, channel in (channels if channels is not None else swarm.shard_channels()).items():
+        if node_id in exclude:
+            continue
         try:
             h = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=2)
             out[node_id] = (h.active_sessions, h.kv_cells_used)
@@ -165,7 +168,7 @@ def _health(swarm, channels: Optional[dict] = None) -> dict[str, tuple[int, int]
 def _idle(swarm, exclude: set[str], timeout: float, channels: Optional[dict] = None) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        busy = {n: s for n, s in _health(swarm, channels).items() if n not in exclude and s != (0, 0)}
+        busy = {n: s for n, s in _health(swarm, channels, frozenset(exclude)).items() if s != (0, 0)}
         if not busy or time.monotonic() > deadline:
             return busy
         time.sleep(0.05)

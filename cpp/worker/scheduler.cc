@@ -36,6 +36,7 @@ Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
   options_.context.n_ubatch = std::max(options_.context.n_ubatch, options_.max_batch_tokens);
   options_.max_prefill_chunk = std::max(1, options_.max_prefill_chunk);
   lengths_.assign(std::max(1, options_.context.n_seq), 0);
+  owner_floor_.assign(lengths_.size(), 0);
 }
 
 std::unique_ptr<Scheduler> Scheduler::Start(const SchedulerOptions& options,
@@ -89,6 +90,9 @@ Status Scheduler::Submit(WorkItem item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return MakeError(Code::kUnavailable, "worker is draining", true);
+    if (pending->item.owner != 0 && pending->item.owner < owner_floor_[pending->item.seq]) {
+      return MakeError(Code::kCancelled, "sequence released");
+    }
     if (static_cast<int>(pending_.size()) >= options_.max_queue) {
       return MakeError(Code::kResourceExhausted,
                        "engine queue full (" + std::to_string(options_.max_queue) + " items)",
@@ -101,18 +105,22 @@ Status Scheduler::Submit(WorkItem item) {
   return OkStatus();
 }
 
-void Scheduler::Release(int32_t seq, std::function<void()> done) {
+void Scheduler::Release(int32_t seq, uint64_t owner, std::function<void()> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (owner != 0 && seq >= 0 && seq < static_cast<int32_t>(owner_floor_.size())) {
+      owner_floor_[seq] = std::max(owner_floor_[seq], owner + 1);
+    }
     forgets_.push_back({seq, 0, true, std::move(done)});
   }
   wake_.notify_one();
 }
 
-void Scheduler::Truncate(int32_t seq, int32_t pos) {
+void Scheduler::Truncate(int32_t seq, int32_t pos, uint64_t owner) {
   if (seq < 0 || seq >= static_cast<int32_t>(lengths_.size())) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (owner != 0 && owner < owner_floor_[seq]) return;  // released: the rows went with the sequence
     forgets_.push_back({seq, std::max(0, pos), false, nullptr});
   }
   wake_.notify_one();

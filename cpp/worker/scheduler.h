@@ -10,8 +10,11 @@
 //
 // Invariants: at most one slice of a sequence per batch, and an item's rows enter the KV in
 // order; Submit never waits for room (RESOURCE_EXHAUSTED when `max_queue` items are pending);
-// Release(seq) fails that sequence's pending items with CANCELLED and drops its KV before any
-// later batch; Truncate(seq, pos) drops positions >= pos before any later batch. An item past
+// Release(seq, owner) fails that sequence's pending items with CANCELLED and drops its KV before
+// any later batch, and from the call on refuses every item and Truncate of that owner or an older
+// one (a session's step still on its way when the session ended cannot write into the sequence
+// after it was dropped, nor into the next session's); Truncate(seq, pos) drops positions >= pos
+// before any later batch. An item past
 // its deadline before a batch, or abandoned by its waiter (cpp/worker/deadline.h), is dropped
 // with DEADLINE_EXCEEDED, and so is one whose waiter abandoned it while its last batch ran:
 // either way none of its rows stay in the KV (the sequence holds what it held before it). Threading: Submit/Release/Stats/Stop from any thread; callbacks run on the engine
@@ -71,6 +74,10 @@ struct WorkItem {
   int32_t pos = 0;                   // position of the first row; rows are pos, pos+1, ...
   std::vector<int32_t> tokens;       // first shard: one per row
   std::vector<float> hidden;         // other shards: rows * n_embd floats
+  // Which holder of `seq` this is for (SessionTable gives each session a new, larger one): an
+  // owner older than the seq's latest Release is refused. 0: unchecked (a caller that never
+  // hands a sequence to a new holder while an old one's steps may still arrive).
+  uint64_t owner = 0;
   // Not fully decoded by then: dropped (its rows taken back out) with DEADLINE_EXCEEDED.
   Clock::time_point deadline = Clock::time_point::max();
   std::shared_ptr<StepClaim> claim;  // optional: claimed before `done` gets an OK
@@ -113,14 +120,17 @@ class Scheduler {
                                        : options_.context.n_ctx / std::max(1, options_.context.n_seq);
   }
 
-  // Queues one item; RESOURCE_EXHAUSTED (queue full), INVALID_ARGUMENT (wrong row content) or
-  // UNAVAILABLE (stopping) without queueing, in which case `done` is never called.
+  // Queues one item; RESOURCE_EXHAUSTED (queue full), INVALID_ARGUMENT (wrong row content),
+  // CANCELLED (its owner's sequence was released) or UNAVAILABLE (stopping) without queueing,
+  // in which case `done` is never called.
   protocol::Status Submit(WorkItem item);
-  // Drops `seq`'s KV on the engine thread, then calls `done` there.
-  void Release(int32_t seq, std::function<void()> done);
+  // Drops `seq`'s KV on the engine thread, then calls `done` there; `owner` and older owners of
+  // `seq` are refused from now on.
+  void Release(int32_t seq, uint64_t owner, std::function<void()> done);
   // Drops `seq`'s positions >= `pos` on the engine thread before any later batch (a step that
-  // was computed but then failed on this hop); pending items are kept.
-  void Truncate(int32_t seq, int32_t pos);
+  // was computed but then failed on this hop); pending items are kept. Ignored when `owner` no
+  // longer holds `seq`.
+  void Truncate(int32_t seq, int32_t pos, uint64_t owner = 0);
   SchedulerStats Stats() const;
   // Finishes pending work, then joins the engine thread. Idempotent.
   void Stop();
@@ -157,6 +167,7 @@ class Scheduler {
   bool stopping_ = false;
   SchedulerStats stats_;
   std::vector<int32_t> lengths_;  // engine thread: positions held per seq
+  std::vector<uint64_t> owner_floor_;  // per seq: owners below this were released (guarded by mu_)
   std::thread thread_;
 };
 

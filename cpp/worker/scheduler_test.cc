@@ -123,7 +123,7 @@ TEST(SchedulerTest, BatchedItemsMatchSoloRuns) {
   EXPECT_EQ(scheduler->Stats().kv_cells_used, 15u);
   for (int32_t seq = 0; seq < 3; ++seq) {
     std::promise<void> released;
-    scheduler->Release(seq, [&released] { released.set_value(); });
+    scheduler->Release(seq, 0, [&released] { released.set_value(); });
     released.get_future().get();
   }
   EXPECT_EQ(scheduler->Stats().kv_cells_used, 0u);
@@ -273,7 +273,7 @@ TEST(SchedulerTest, AbandonedStepIsTakenBackOutOfTheKv) {
   const std::vector<int32_t> a = {1, 5, 9, 13, 17, 21, 25};  // 3 batches of max_prefill_chunk 3
   std::vector<float> solo_a = RunAll(*scheduler, {Tokens(0, 0, a)})[0];
   std::promise<void> released;
-  scheduler->Release(0, [&released] { released.set_value(); });
+  scheduler->Release(0, 0, [&released] { released.set_value(); });
   released.get_future().get();
   ASSERT_EQ(scheduler->Stats().kv_cells_used, 0u);
 
@@ -308,6 +308,41 @@ TEST(SchedulerTest, TruncateDropsAStepsRows) {
   std::vector<float> again = RunAll(*scheduler, {Tokens(0, 7, {40})})[0];
   ExpectNear(again, step);
   EXPECT_EQ(scheduler->Stats().kv_cells_used, 8u);
+}
+
+TEST(SchedulerTest, ReleasedOwnersLateStepsAreRefused) {
+  std::string path = Fixture();
+  std::string error;
+  auto scheduler = Scheduler::Start(Options(path, 0, -1), &error);
+  ASSERT_NE(scheduler, nullptr) << error;
+  const std::vector<int32_t> a = {1, 5, 9, 13, 17, 21, 25}, b = {2, 4, 6};
+  std::vector<float> solo_b = RunAll(*scheduler, {Tokens(1, 0, b)})[0];
+  WorkItem first = Tokens(0, 0, a);
+  first.owner = 7;
+  RunAll(*scheduler, {std::move(first)});
+  std::promise<void> released;
+  scheduler->Release(0, 7, [&released] { released.set_value(); });
+  released.get_future().get();
+  ASSERT_EQ(scheduler->Stats().kv_cells_used, 3u);  // b's rows only
+
+  // Owner 7's step that was on its way when its session ended: refused, nothing enters the KV.
+  WorkItem late = Tokens(0, 7, {40});
+  late.owner = 7;
+  late.done = [](const protocol::Status&, std::vector<float>) { ADD_FAILURE() << "queued"; };
+  EXPECT_EQ(scheduler->Submit(std::move(late)).code, Code::kCancelled);
+  scheduler->Truncate(0, 0, 7);  // a stale truncate does not touch the next holder's rows
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 3u);
+
+  // The sequence's next holder works as on a fresh sequence, and a stale truncate spares it.
+  WorkItem next = Tokens(0, 0, b);
+  next.owner = 8;
+  std::vector<float> out = RunAll(*scheduler, {std::move(next)})[0];
+  ExpectNear(out, solo_b);
+  scheduler->Truncate(0, 0, 7);
+  WorkItem step = Tokens(0, 3, {40});
+  step.owner = 8;
+  RunAll(*scheduler, {std::move(step)});
+  EXPECT_EQ(scheduler->Stats().kv_cells_used, 3u + 4u);
 }
 
 }  // namespace

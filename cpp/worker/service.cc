@@ -322,7 +322,7 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
                               &fenced);
   if (!fence.ok()) return Reply(frame, fence);
   for (const EndedSession& old : fenced) {  // Fence took them out of the table
-    scheduler_->Release(old.seq, [this, seq = old.seq] { table_.FreeSeq(seq); });
+    scheduler_->Release(old.seq, old.owner, [this, seq = old.seq] { table_.FreeSeq(seq); });
     End(old.key, FinishReason::kError,
         MakeError(Code::kStaleEpoch, "fenced by epoch " + std::to_string(key.second)));
   }
@@ -404,6 +404,7 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   }
   WorkItem item;
   item.seq = info.seq;
+  item.owner = info.owner;
   item.pos = static_cast<int32_t>(start);
   if (scheduler_->first()) {
     if (frame.token_ids.size() != count) {
@@ -448,7 +449,7 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   } else {
     Status forwarded = Forward(live, frame, outcome.second, deadline);
     if (!forwarded.ok()) {  // the step did not happen: take its rows back out of the KV
-      scheduler_->Truncate(info.seq, static_cast<int32_t>(start));
+      scheduler_->Truncate(info.seq, static_cast<int32_t>(start), info.owner);
       return Reply(frame, forwarded);
     }
   }
@@ -579,7 +580,8 @@ void ShardService::End(const SessionKey& key, FinishReason reason, const Status&
   }
   std::optional<EndedSession> ended = table_.Remove(key);
   if (ended.has_value()) {
-    scheduler_->Release(ended->seq, [this, seq = ended->seq] { table_.FreeSeq(seq); });
+    scheduler_->Release(ended->seq, ended->owner,
+                        [this, seq = ended->seq] { table_.FreeSeq(seq); });
   }
   if (live == nullptr && !ended.has_value()) return;  // not a session here
   if (live != nullptr) {

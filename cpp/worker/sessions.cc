@@ -40,7 +40,7 @@ Status SessionTable::Fence(const std::string& id, uint64_t epoch, uint64_t expir
   fence.expires_unix_ms = std::max(fence.expires_unix_ms, expires_unix_ms);
   for (auto s = sessions_.lower_bound({id, 0}); s != sessions_.end() && s->first.first == id &&
                                                 s->first.second < epoch;) {
-    fenced->push_back({s->first, s->second.seq, s->second.tokens});
+    fenced->push_back({s->first, s->second.seq, s->second.owner, s->second.tokens});
     fenced_streams_[s->first] = s->second.stream;
     fenced_order_.push_back(s->first);
     while (fenced_order_.size() > options_.max_fences) {
@@ -82,6 +82,7 @@ Status SessionTable::Open(const SessionKey& key, uint64_t stream, Clock::time_po
     Entry entry;
     entry.seq = free_.back();
     entry.stream = stream;
+    entry.owner = next_owner_++;
     free_.pop_back();
     it = sessions_.emplace(key, std::move(entry)).first;
     created = true;
@@ -91,6 +92,7 @@ Status SessionTable::Open(const SessionKey& key, uint64_t stream, Clock::time_po
   info->length = it->second.length;
   info->last_step = it->second.last_step;
   info->created = created;
+  info->owner = it->second.owner;
   return OkStatus();
 }
 
@@ -144,7 +146,7 @@ std::optional<EndedSession> SessionTable::Remove(const SessionKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(key);
   if (it == sessions_.end()) return std::nullopt;
-  EndedSession ended{it->first, it->second.seq, it->second.tokens};
+  EndedSession ended{it->first, it->second.seq, it->second.owner, it->second.tokens};
   sessions_.erase(it);
   return ended;
 }

@@ -44,12 +44,14 @@ struct SessionInfo {
   uint64_t length = 0;    // KV positions [0, length) held for it
   uint64_t last_step = 0; // newest completed step (0: none yet)
   bool created = false;   // true when Open allocated it just now
+  uint64_t owner = 0;     // this session's tenure of `seq`: larger than every earlier holder's
 };
 
 // A session that left the table; its seq is "releasing" until FreeSeq(seq).
 struct EndedSession {
   SessionKey key;
   int32_t seq = -1;
+  uint64_t owner = 0;   // as SessionInfo::owner (the scheduler refuses its later items)
   uint64_t tokens = 0;  // tokens processed for it (ledger)
 };
 
@@ -120,6 +122,7 @@ class SessionTable {
     Clock::time_point last_active;
     uint64_t tokens = 0;
     uint64_t stream = 0;  // the Seam stream the session is bound to
+    uint64_t owner = 0;
   };
   struct FenceEntry {
     uint64_t newest_epoch = 0;
@@ -134,6 +137,7 @@ class SessionTable {
   std::deque<SessionKey> fenced_order_;            // oldest first; bounded by max_fences
   std::map<SessionKey, std::pair<uint64_t, uint64_t>> untaken_;  // (prefill, decode)
   std::vector<int32_t> free_;  // stack of free sequence ids
+  uint64_t next_owner_ = 1;    // SessionInfo::owner of the next session
 };
 
 }  // namespace meshnet::worker

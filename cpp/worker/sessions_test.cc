@@ -50,6 +50,12 @@ TEST(SessionTableTest, PoolIsBoundedAndSeqReturnsOnlyThroughFreeSeq) {
   ASSERT_TRUE(table.Open({"c", 1}, 1, now, &c).ok());
   EXPECT_EQ(c.seq, a.seq);
   EXPECT_EQ(table.active(), 2);
+  // Each tenure of a sequence id has its own owner, newer ones larger (the scheduler refuses
+  // a released owner's late steps by it).
+  EXPECT_EQ(again.owner, a.owner);
+  EXPECT_EQ(ended->owner, a.owner);
+  EXPECT_GT(b.owner, a.owner);
+  EXPECT_GT(c.owner, b.owner);
 }
 
 TEST(SessionTableTest, NewerEpochFencesOlder) {
