@@ -8,7 +8,9 @@ Lanes: (1) llama_cpp_single_process: upstream llama.cpp, one process (llama-batc
 (fp32, the GGUF's weights dequantized); (4) reference_route_3_nodes; (5) gguf_route_1_node;
 (6) gguf_route_3_nodes; gguf_route_3_nodes_plaintext: lane 6 with TLS off on every link (route
 tickets are still checked), which prices TLS; and gguf_route_3_nodes_wan: lane 6 with each node
-in its own network namespace behind a shaped veth (root only). A runtime-only comparison runs lanes 1, 3, 5 and 6
+in its own network namespace behind a shaped veth (root only); gateway_3_nodes: the
+OpenAI-compatible gateway over lane 6's swarm against the direct client, and 32 concurrent
+streams through it (gateway_lane.py). A runtime-only comparison runs lanes 1, 3, 5 and 6
 again on the same weights dequantized to an F32 GGUF (`llama-quantize --allow-requantize IN OUT
 F32`), so runtime gains are reported apart from quantization gains. Drift: teacher-forced top-1
 agreement and KL against Transformers fp32 over 256 positions, for both GGUFs.
@@ -43,13 +45,14 @@ from typing import Callable, Optional
 
 import gguf as gguf_lib
 
-from meshnet.bench import contract, llama_lanes, report, route_lanes
+from meshnet.bench import contract, gateway_lane, llama_lanes, report, route_lanes
 from meshnet.bench.measure import RssWatch
 from meshnet.swarm.wan import WanLink
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
-         "gguf_route_3_nodes", "gguf_route_3_nodes_plaintext", "reference_route_3_nodes", "gguf_route_3_nodes_wan")
+         "gguf_route_3_nodes", "gguf_route_3_nodes_plaintext", "reference_route_3_nodes", "gguf_route_3_nodes_wan",
+         "gateway_3_nodes")
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
     "llama_cpp_rpc_3": "llama.cpp RPC over {k} local rpc-servers",
@@ -59,6 +62,7 @@ LABELS = {
     "gguf_route_3_nodes": "GGUF route, {k} nodes",
     "gguf_route_3_nodes_plaintext": "GGUF route, {k} nodes, plaintext links (--insecure; tickets on)",
     "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
+    "gateway_3_nodes": "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
 }
 RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
 
@@ -78,7 +82,7 @@ class Progress:
     def start_lane(self, name: str) -> None:
         self.index += 1
         self.lane = name
-        self(f"starting")
+        self("starting")
 
     def __call__(self, message: str) -> None:
         elapsed = int(time.monotonic() - self.t0)
@@ -234,6 +238,15 @@ class Bench:
                 "peak_rss_bytes": sum(n["peak_rss_bytes"] for n in nodes), "kv_bytes": sum(n["kv_bytes"] for n in nodes),
                 "notes": notes}
 
+    def gateway(self, model: Path, prompts: dict, progress: Progress) -> dict:
+        a = self.args
+        short = min(prompts)
+        lane = gateway_lane.run_lane(self.work / f"gateway-{a.k}-{model.stem}", model,
+                                     cuts(self.n_layer(model), a.k), a.worker_binary, prompts[short], a.tokens,
+                                     a.threads, progress)
+        lane["notes"].append(f"{a.threads} compute threads per node; swarm and gateway ready in {lane['startup_s']} s")
+        return lane
+
     def facts(self, model: Path) -> dict:
         if model not in self._facts:
             self._facts[model] = model_facts(model)
@@ -274,6 +287,7 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
                                                             insecure=True),
         "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
         "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
+        "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),
     }
     for name in names:
         lanes[name] = bench.lane(name, runners[name], progress, k)
@@ -315,6 +329,7 @@ def contract_figures(results: dict) -> dict:
         if lane.get("nodes"):
             fig["nodes"] = lane["nodes"]
             fig["sum_node_peak_rss_bytes"] = sum(n["peak_rss_bytes"] for n in lane["nodes"])
+        fig.update(lane.get("figures", {}))  # lanes with figures of their own (the gateway lane)
         lanes[name] = {k: v for k, v in fig.items() if v is not None}
     if "llama_cpp_single_process" in lanes:  # lane 1's batched figures, as the contract names them
         lanes["llama_cpp_batched"] = {k: v for k, v in lanes["llama_cpp_single_process"].items()

@@ -289,9 +289,24 @@ def _node_table(nodes: list[dict]) -> list[str]:
     return ["Nodes (budget = 1.15 x (weights + KV) + 64 MiB):", ""] + _table(headers, rows) + [""]
 
 
+def _sides_table(lane: dict) -> list[str]:
+    """A lane that compares two paths on one swarm (the gateway lane): each side's figures, the
+    difference, and the concurrent run."""
+    sides = [(side, lane[side]) for side in ("direct", "gateway") if isinstance(lane.get(side), dict)]
+    rows = [[side, _fmt(f.get("ttft_ms")), _fmt(f.get("itl_p50_ms")), _fmt(f.get("itl_p95_ms")),
+             _text(f.get("runs"))] for side, f in sides]
+    lines = _table(["path", "TTFT ms (median)", "ITL p50 ms", "ITL p95 ms", "runs"], rows) + [""]
+    figures = lane.get("figures") or {}
+    lines += _table(["figure", "value"], [[k, _fmt(v, 2)] for k, v in figures.items()]) + [""]
+    concurrent = lane.get("concurrent") or {}
+    if concurrent.get("errors"):
+        lines += ["Concurrent stream errors:", ""] + [f"- {_text(e)}" for e in concurrent["errors"]] + [""]
+    return lines
+
+
 def _lane_detail(name: str, lane: dict) -> list[str]:
     lines = [f"### {_label(name, lane)} (`{name}`)", ""]
-    lines += _cell_table(_cells(lane))
+    lines += _sides_table(lane) if lane.get("figures") else _cell_table(_cells(lane))
     if lane.get("processes"):
         lines += _process_table(lane["processes"])
     if lane.get("nodes"):

@@ -22,6 +22,7 @@ connection only feed its event queue.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import queue
@@ -77,6 +78,7 @@ class GenerationParams:
     stall_timeout: float = 60.0  # seconds without a later token, all hops answering, before failing over
     probe_timeout: float = 1.0  # seconds a hop has to answer Health when a failure is attributed
     route_wait: float = 30.0  # seconds to keep asking for a new route while none is available (retryable)
+    top_logprobs: int = 0  # alternatives the last hop returns per token (stream() yields them)
 
 
 class _Connection:
@@ -224,6 +226,12 @@ class RouteSession:
 
     def generate(self, prompt_ids: Sequence[int], params: GenerationParams = GenerationParams()) -> Iterator[int]:
         """Yields new token ids as they arrive (each exactly once, across failovers)."""
+        with contextlib.closing(self.stream(prompt_ids, params)) as tokens:
+            for token in tokens:
+                yield token.token_id
+
+    def stream(self, prompt_ids: Sequence[int], params: GenerationParams = GenerationParams()) -> Iterator[t.SampledToken]:
+        """As generate(), with each token's log-probability and its top alternatives."""
         if not prompt_ids:
             raise ValueError("empty prompt")
         started = time.perf_counter()
@@ -242,7 +250,7 @@ class RouteSession:
                 for token in self._run(conn, list(prompt_ids) + delivered, params, params.max_tokens - len(delivered)):
                     if self.ttft is None:
                         self.ttft = time.perf_counter() - started
-                    delivered.append(token)
+                    delivered.append(token.token_id)
                     yield token
                 self._finish(conn)
                 return
@@ -265,9 +273,10 @@ class RouteSession:
             finally:
                 self._connection = None
 
-    def _run(self, conn: _Connection, ids: list[int], params: GenerationParams, budget: int) -> Iterator[int]:
+    def _run(self, conn: _Connection, ids: list[int], params: GenerationParams,
+             budget: int) -> Iterator[t.SampledToken]:
         sampling = t.SamplingParams(params.temperature, params.top_k, params.top_p, params.seed, 0,
-                                    tuple(params.stop_token_ids))
+                                    tuple(params.stop_token_ids), params.top_logprobs)
         downstream = tuple(t.DownstreamHop(h.node.node_id, h.node.address,
                                            t.ShardRange(h.node.layers.start, h.node.layers.end, h.layers.start),
                                            h.ticket)
@@ -282,8 +291,9 @@ class RouteSession:
         for produced in range(budget):
             event = self._next_event(conn, params.first_token_timeout if produced == 0 else params.stall_timeout,
                                      params.token_timeout, params.probe_timeout)
-            token = event.tokens[0].token_id
-            yield token
+            sampled = event.tokens[0]
+            token = sampled.token_id
+            yield sampled
             if event.finish_reason == t.FinishReason.STOP or token in params.stop_token_ids or produced + 1 == budget:
                 return
             conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.DECODE, next(step),

@@ -13,6 +13,8 @@ killed by the kernel if the node dies (PR_SET_PDEATHSIG), so no worker outlives 
 SIGTERM drains: no new routes, live sessions get `--drain-seconds` to finish, then the
 node deregisters and stops. Exit status 2 when the tracker refuses the node (the reason is
 logged). `--insecure` serves and dials plaintext (loopback development only).
+`--metrics-listen HOST:PORT` (off by default) serves Prometheus /metrics: the worker's Health,
+read on each scrape, and the node's own counters (node/metrics.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import grpc
 
 from meshnet.identity import tls
 from meshnet.identity.keys import Identity
+from meshnet.node import metrics as node_metrics
 from meshnet.node.backends import GgufBackend, ReferenceBackend
 from meshnet.node.tracker_link import NodeRefused, TrackerLink
 from meshnet.process import log, read_token, stop_on_signals, write_port_file
@@ -37,6 +40,7 @@ from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
 from meshnet.types import tracker as tt
 from meshnet.types.seam import Fingerprints
+from meshnet.webserver import parse_listen
 
 
 def parse_layers(text: str) -> tuple[int, int]:
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hang-probes", type=int, default=3,
                         help="unanswered Health probes in a row before a hung worker is killed and restarted")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once registered")
+    parser.add_argument("--metrics-listen", help="host:port for Prometheus /metrics (off by default; port 0 picks "
+                        "one; read-only, but bind a loopback or private address)")
+    parser.add_argument("--metrics-port-file", type=Path, help="write the metrics port here (before --port-file)")
     args = parser.parse_args(argv)
     token = read_token(args.token_file, "MESHNET_NODE_TOKEN")
     if not token:
@@ -86,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no GGUF file at {args.gguf}")
     if args.backend == "gguf" and (args.worker_binary is None or not Path(args.worker_binary).is_file()):
         parser.error("--backend gguf needs --worker-binary (or $MESHNET_WORKER_BINARY) naming cpp/worker's binary")
+    if args.metrics_listen:
+        try:
+            parse_listen(args.metrics_listen)
+        except ValueError as err:
+            parser.error(f"--metrics-listen: {err}")
     start, end = args.layers
 
     try:
@@ -122,16 +134,38 @@ def main(argv: list[str] | None = None) -> int:
                                        max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
                                        idle_seconds=args.session_idle_seconds, tracker_key=tracker_key,
                                        tls=(cert_pem, key_pem) if cert_pem else None)
-        return serve(args, tracker, backend, tt.NodeInfo(
-            node_id, backend.address, backend.kind, args.model, summary.architecture, Fingerprints(artifact, recipe),
-            range_fp, tt.LayerRange(start, end), tt.Capacity(args.max_sessions, args.max_kv_tokens, 0,
-                                                             backend.max_session_tokens),
-            summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else ""))
+        probe = node_metrics.HealthProbe(lambda: backend.address, cert_pem)
+        metrics = node_metrics.NodeMetrics(node_id, args.model, backend.kind, (start, end), probe)
+        try:
+            http = node_metrics.serve(metrics, args.metrics_listen) if args.metrics_listen else None
+        except (OSError, RuntimeError) as err:
+            log("metrics_unavailable", listen=args.metrics_listen, error=str(err))
+            backend.stop()
+            return 1
+        if http is not None:
+            log("metrics", node=node_id, url=f"{http.url}/metrics")
+            write_port_file(args.metrics_port_file, http.port)
+        try:
+            return serve(args, tracker, backend, tt.NodeInfo(
+                node_id, backend.address, backend.kind, args.model, summary.architecture,
+                Fingerprints(artifact, recipe), range_fp, tt.LayerRange(start, end),
+                tt.Capacity(args.max_sessions, args.max_kv_tokens, 0, backend.max_session_tokens),
+                summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else ""), metrics)
+        finally:
+            if http is not None:
+                http.stop()
+            probe.close()
 
 
-def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.NodeInfo) -> int:
+def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.NodeInfo,
+          metrics: node_metrics.NodeMetrics) -> int:
     """Registers, heartbeats and supervises until a stop signal, then drains; the exit status."""
     node_id = info.node_id
+
+    def take_work() -> tuple[tt.WorkEntry, ...]:
+        entries = backend.take_work()
+        metrics.count_work(entries)
+        return entries
 
     def node_info() -> tt.NodeInfo:
         return dataclasses.replace(info, address=backend.address)
@@ -165,11 +199,13 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
                     tracker.close()
                     return 1
                 restarts += 1
+                metrics.restarts.inc()
                 log("worker_restart", node=node_id, restarts=restarts)
                 backend.restart()
                 unanswered = 0
                 continue
-            link.tick(load, backend.take_work)  # registers again after a restart or outage
+            link.tick(load, take_work)  # registers again after a restart or outage
+            metrics.heartbeat(load, link.registered)
     except NodeRefused as refused:
         log("refused", node=node_id, reason=str(refused))
         backend.stop()
@@ -181,7 +217,7 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
     while backend.alive() and _active_sessions(backend) and time.monotonic() < deadline:
         time.sleep(0.1)
     if backend.alive():
-        link.flush(backend.take_work)
+        link.flush(take_work)
     _quietly(tracker.deregister, node_id)
     backend.stop()
     tracker.close()

@@ -4,7 +4,9 @@ Used by the newcomer's swarm command (run.py), integration tests and benchmarks.
 process is a real `python -m meshnet.<role>.main` with its own gRPC server; nothing is faked.
 Security is on as in production (ADR 0003): the tracker gets a TLS certificate, a ticket key and
 a distinct token per role; every node gets its own identity key (so its node id is known before
-it starts) and serves TLS. `insecure=True` turns TLS off (tickets stay on).
+it starts) and serves TLS. `insecure=True` turns TLS off (tickets stay on). `http=True` gives
+the tracker its read-only /metrics and /status endpoints (`tracker.http_url`); `node_metrics=True`
+gives every node /metrics (`node.metrics_url`); both on loopback port 0, off by default.
 Invariant: `LocalSwarm.stop()` (or the context manager) ends every child it started.
 """
 
@@ -45,8 +47,11 @@ def _wait_for_port(proc: subprocess.Popen, port_file: Path, log: Path, timeout: 
 class TrackerProcess:
     def __init__(self, workdir: Path, models: list[dict], *, lease_seconds: float = 10.0,
                  ban_seconds: float = 30.0, max_ban_seconds: float = 300.0, db: Optional[Path] = None,
-                 insecure: bool = False, host: str = "127.0.0.1", ticket_seconds: float = 600.0) -> None:
+                 insecure: bool = False, host: str = "127.0.0.1", ticket_seconds: float = 600.0,
+                 http: bool = False) -> None:
         self.workdir, self.host, self.insecure = workdir, host, insecure
+        self.http = http  # serve /metrics and /status on `host` (see http_url)
+        self.http_port = 0
         self.db = db or workdir / "tracker.db"
         self.models_file = workdir / "models.json"
         self.models_file.write_text(json.dumps(models))
@@ -76,6 +81,13 @@ class TrackerProcess:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def http_url(self) -> str:
+        """Where /metrics and /status are (http=True and started)."""
+        if not self.http or not self.http_port:
+            raise RuntimeError("the tracker serves no HTTP endpoints (http=False) or has not started")
+        return f"http://{self.host}:{self.http_port}"
+
     def start(self) -> "TrackerProcess":
         """Starts the tracker on its port (a free one the first time)."""
         port_file = self.workdir / "tracker.port"
@@ -87,8 +99,14 @@ class TrackerProcess:
                "--max-ban-seconds", str(self.max_ban_seconds),
                "--port-file", str(port_file)]
         cmd += ["--insecure"] if self.insecure else ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
+        http_port_file = self.workdir / "tracker.http.port"
+        if self.http:
+            http_port_file.unlink(missing_ok=True)
+            cmd += ["--http-listen", f"{self.host}:{self.http_port}", "--http-port-file", str(http_port_file)]
         self.proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         self.port = _wait_for_port(self.proc, port_file, self.log, 60, "tracker")
+        if self.http:  # written before the gRPC port file
+            self.http_port = int(http_port_file.read_text())
         return self
 
     def kill(self) -> None:
@@ -115,9 +133,9 @@ class NodeProcess:
     def __init__(self, workdir: Path, tracker: TrackerProcess, gguf: Path, model: str, layers: tuple[int, int],
                  name: str, *, backend: str = "reference", max_sessions: int = 16, threads: int = 1,
                  worker_binary: Optional[Path] = None, host: str = "127.0.0.1", prefix: Sequence[str] = (),
-                 max_kv_tokens: Optional[int] = None) -> None:
+                 max_kv_tokens: Optional[int] = None, metrics: bool = False) -> None:
         """`prefix` runs the node under another command (e.g. `ip netns exec NS`); `host` is the
-        address it listens on and advertises."""
+        address it listens on and advertises. `metrics`: serve /metrics on `host` (metrics_url)."""
         self.workdir, self.tracker, self.gguf, self.model = workdir, tracker, gguf, model
         self.host, self.prefix, self.max_kv_tokens = host, list(prefix), max_kv_tokens
         self.worker_binary = worker_binary
@@ -127,11 +145,19 @@ class NodeProcess:
         self.max_sessions, self.threads = max_sessions, threads
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
+        self.metrics, self.metrics_port = metrics, 0
         self.log = workdir / f"{name}.log"
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where the node's /metrics is (metrics=True and ready)."""
+        if not self.metrics or not self.metrics_port:
+            raise RuntimeError(f"node {self.name} serves no metrics (metrics=False) or is not ready")
+        return f"http://{self.host}:{self.metrics_port}"
 
     def launch(self) -> "NodeProcess":
         port_file = self.workdir / f"{self.name}.port"
@@ -148,11 +174,17 @@ class NodeProcess:
             cmd += ["--worker-binary", str(self.worker_binary)]
         if self.max_kv_tokens is not None:
             cmd += ["--max-kv-tokens", str(self.max_kv_tokens)]
+        self._metrics_port_file = self.workdir / f"{self.name}.metrics.port"
+        if self.metrics:
+            self._metrics_port_file.unlink(missing_ok=True)
+            cmd += ["--metrics-listen", f"{self.host}:0", "--metrics-port-file", str(self._metrics_port_file)]
         self.proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         return self
 
     def wait_ready(self, timeout: float = 300) -> "NodeProcess":
         self.port = _wait_for_port(self.proc, self._port_file, self.log, timeout, f"node {self.name}")
+        if self.metrics:  # written before the node's port file
+            self.metrics_port = int(self._metrics_port_file.read_text())
         return self
 
     def kill(self) -> None:
@@ -178,18 +210,20 @@ class LocalSwarm:
                  threads: int = 1, worker_binary: Optional[Path] = None, host: str = "127.0.0.1",
                  node_hosts: Sequence[str] = (), node_prefixes: Sequence[Sequence[str]] = (),
                  max_kv_tokens: Optional[int] = None, insecure: bool = False, ban_seconds: float = 30.0,
-                 max_ban_seconds: float = 300.0) -> None:
+                 max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
         namespaces; by default every process is on loopback. `insecure`: plaintext links.
-        `ban_seconds`/`max_ban_seconds`: how long the tracker avoids a node reported failed."""
+        `ban_seconds`/`max_ban_seconds`: how long the tracker avoids a node reported failed.
+        `http`: the tracker serves /metrics and /status; `node_metrics`: every node serves /metrics."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
         self.tracker = TrackerProcess(workdir, [certify(gguf, model, backend)], lease_seconds=lease_seconds, host=host,
-                                      insecure=insecure, ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds)
-        self.insecure = insecure
+                                      insecure=insecure, ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds,
+                                      http=http)
+        self.insecure, self.node_metrics = insecure, node_metrics
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
         self.nodes: dict[str, NodeProcess] = {}  # by node id (derived from each node's key)
@@ -210,7 +244,8 @@ class LocalSwarm:
                  prefix: Sequence[str] = ()) -> NodeProcess:
         node = NodeProcess(self.workdir, self.tracker, self.gguf, self.model, layers, name, backend=self.backend,
                            max_sessions=self.max_sessions, threads=self.threads, worker_binary=self.worker_binary,
-                           host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens).launch()
+                           host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens,
+                           metrics=self.node_metrics).launch()
         self.nodes[node.node_id] = node
         self.ids[name] = node.node_id
         return node.wait_ready() if wait else node

@@ -1,9 +1,12 @@
 """A whole local Meshnet for a newcomer: tracker + N nodes on loopback + one generation.
 
   bazel run //python:swarm -- [--nodes 3] [--max-tokens 48] [PROMPT]
+  bazel run //python:swarm -- --serve [--listen 127.0.0.1:8000]
 
 Tokens stream to the terminal as they arrive; the last line gives TTFT and decode tok/s.
-Progress of the start-up (loading each node) goes to stderr.
+Progress of the start-up (loading each node) goes to stderr. --serve instead starts the
+OpenAI-compatible gateway in front of the swarm, prints its base URL and an API key, and serves
+until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -17,13 +20,29 @@ from pathlib import Path
 
 from meshnet.client.session import GenerationParams, RouteSession
 from meshnet.client.text import stream_text
-from meshnet.reference.model import load_tokenizer
+from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.process import stop_on_signals
+from meshnet.swarm.gateway import GatewayProcess
 from meshnet.swarm.local import LocalSwarm
 
 
 def even_cuts(n_layer: int, nodes: int) -> list[tuple[int, int]]:
     bounds = [round(i * n_layer / nodes) for i in range(nodes + 1)]
     return list(zip(bounds, bounds[1:]))
+
+
+def serve(swarm: LocalSwarm, listen: str) -> int:
+    host, _, port = listen.rpartition(":")
+    stop = stop_on_signals()
+    with GatewayProcess(swarm, host=host, port=int(port)) as gateway:
+        print(f"OpenAI-compatible gateway at {gateway.base_url}  (model {swarm.model!r})\n"
+              f"API key: {gateway.key}\n"
+              f"try: curl -N {gateway.base_url}/chat/completions -H 'Authorization: Bearer {gateway.key}' "
+              f"-H 'Content-Type: application/json' -d '{{\"model\": \"{swarm.model}\", \"stream\": true, "
+              f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hi!\"}}]}}'\n"
+              "Ctrl-C stops the gateway and the swarm.", flush=True)
+        stop.wait()
+    return 0
 
 
 def main() -> int:
@@ -37,6 +56,9 @@ def main() -> int:
                         help="gguf: native llama.cpp workers; reference: HF Transformers shards")
     parser.add_argument("--worker-binary", type=Path, default=os.environ.get("MESHNET_WORKER_BINARY"))
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--serve", action="store_true",
+                        help="serve the OpenAI-compatible gateway in front of the swarm until Ctrl-C")
+    parser.add_argument("--listen", default="127.0.0.1:8000", help="the gateway's host:port (with --serve)")
     parser.add_argument("--insecure", action="store_true",
                         help="plaintext links (route tickets are still checked); TLS everywhere by default")
     args = parser.parse_args()
@@ -44,8 +66,10 @@ def main() -> int:
         parser.error("--gguf PATH is required (bazel run sets the bundled model)")
     if not 1 <= args.nodes <= args.n_layer:
         parser.error(f"--nodes must be in 1..{args.n_layer}")
+    if args.serve and not (args.listen.rpartition(":")[0] and args.listen.rpartition(":")[2].isdigit()):
+        parser.error(f"--listen {args.listen!r}: expected HOST:PORT")
     prompt = " ".join(args.prompt)
-    tokenizer = load_tokenizer(args.gguf)
+    tokenizer = GgufTokenizer.from_gguf(args.gguf)
     with tempfile.TemporaryDirectory(prefix="meshnet-swarm-") as tmp:
         cuts = even_cuts(args.n_layer, args.nodes)
         print(f"starting tracker + {args.nodes} nodes {cuts} on loopback ...", file=sys.stderr, flush=True)
@@ -59,9 +83,11 @@ def main() -> int:
             print(f"swarm ready in {time.perf_counter() - started:.1f}s; tracker at {swarm.tracker.address}; "
                   f"{links} on every link, route tickets on every hop",
                   file=sys.stderr, flush=True)
+            if args.serve:
+                return serve(swarm, args.listen)
             with swarm.client() as tracker:
                 session = RouteSession(tracker, swarm.model, client_id="swarm-run", insecure=args.insecure)
-                ids = tokenizer(prompt)["input_ids"]
+                ids = tokenizer.encode(prompt)
                 print(prompt, end="", flush=True)
                 begun, tokens = time.perf_counter(), []
 
@@ -72,7 +98,7 @@ def main() -> int:
                         yield token
 
                 def decode(ids_so_far: list[int]) -> str:
-                    return tokenizer.decode(ids_so_far, skip_special_tokens=True)
+                    return tokenizer.decode(ids_so_far, skip_special=True)
 
                 for piece in stream_text(counted(), decode, args.stop):
                     print(piece, end="", flush=True)

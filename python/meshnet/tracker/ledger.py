@@ -1,8 +1,10 @@
 """The durable work ledger: tokens processed per (session, epoch, node), in SQLite (WAL).
 
-Called by service.py: `issue` when a route epoch is handed out, `record` for ReportWork; and
-from the command line for totals:
-  python -m meshnet.tracker.ledger --db tracker.db totals
+Called by service.py: `issue` when a route epoch is handed out, `record` for ReportWork; by the
+tracker's web endpoints (web.py) for totals; and from the command line:
+  python -m meshnet.tracker.ledger --db tracker.db totals [by-node | by-client]
+Each issued triple carries the route's client_id (as its opener named it: a gateway opens routes
+as "key:<API key name>"), so work is attributed per node and per client.
 Invariants: `issue` and `record` return only after their transaction is committed with
 synchronous=FULL, so an acknowledged report survives a crash (kill -9) of the tracker; work is
 counted only for triples the tracker issued, at most once per (node, report id), and never more
@@ -20,7 +22,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from meshnet.types.status import StatusCode
 from meshnet.types.tracker import WorkEntry
@@ -34,6 +36,7 @@ CREATE TABLE IF NOT EXISTS issued (
     node_id TEXT NOT NULL,
     max_tokens INTEGER NOT NULL,
     issued_at REAL NOT NULL,
+    client_id TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (session_id, epoch, node_id)
 );
 CREATE TABLE IF NOT EXISTS work (
@@ -60,6 +63,14 @@ class NodeTotals:
     decode_tokens: int
 
 
+@dataclasses.dataclass(frozen=True)
+class ClientTotals:
+    client_id: str  # the route opener's client_id ("" for routes issued before it was recorded)
+    sessions: int  # distinct route sessions
+    prefill_tokens: int
+    decode_tokens: int
+
+
 class WorkRefused(Exception):
     """A report the ledger does not count; nothing of it was written."""
 
@@ -78,6 +89,9 @@ class Ledger:
         if columns and "report_id" not in columns:
             raise SystemExit(f"ledger {path} predates issued triples (ADR 0003); move it aside to start a new one")
         self._db.executescript(_SCHEMA)
+        issued = {row[1] for row in self._db.execute("PRAGMA table_info(issued)")}
+        if "client_id" not in issued:  # a ledger from before per-client attribution
+            self._db.execute("ALTER TABLE issued ADD COLUMN client_id TEXT NOT NULL DEFAULT ''")
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -91,13 +105,14 @@ class Ledger:
                 raise
             self._db.execute("COMMIT")
 
-    def issue(self, triples: Iterable[tuple[str, int, str]], max_tokens: int) -> None:
-        """Records that each (session id, epoch, node id) may report up to `max_tokens`."""
+    def issue(self, triples: Iterable[tuple[str, int, str]], max_tokens: int, client_id: str = "") -> None:
+        """Records that each (session id, epoch, node id) may report up to `max_tokens`, on a
+        route opened by `client_id`."""
         now = time.time()
-        rows = [(session_id, epoch, node, max_tokens, now) for session_id, epoch, node in triples]
+        rows = [(session_id, epoch, node, max_tokens, now, client_id) for session_id, epoch, node in triples]
         with self._transaction():
-            self._db.executemany("INSERT OR IGNORE INTO issued (session_id, epoch, node_id, max_tokens, issued_at) "
-                                 "VALUES (?, ?, ?, ?, ?)", rows)
+            self._db.executemany("INSERT OR IGNORE INTO issued (session_id, epoch, node_id, max_tokens, issued_at, "
+                                 "client_id) VALUES (?, ?, ?, ?, ?, ?)", rows)
 
     def record(self, node_id: str, report_id: int, entries: Sequence[WorkEntry]) -> int:
         """Counts `entries` in one committed transaction and returns how many; 0 for a report
@@ -134,12 +149,32 @@ class Ledger:
                               f"{issued[0]} ({done} already counted)")
         return (node_id, report_id, e.session.session_id, e.session.epoch, e.prefill_tokens, e.decode_tokens, now)
 
-    def totals(self) -> list[NodeTotals]:
+    def totals(self, limit: Optional[int] = None) -> list[NodeTotals]:
+        """Per node, by node id; with `limit`, only the `limit` nodes with the most tokens."""
+        order = "node_id" if limit is None else "SUM(prefill_tokens + decode_tokens) DESC, node_id"
         with self._lock:
             rows = self._db.execute(
                 "SELECT node_id, COUNT(DISTINCT session_id), SUM(prefill_tokens), SUM(decode_tokens) "
-                "FROM work GROUP BY node_id ORDER BY node_id").fetchall()
+                f"FROM work GROUP BY node_id ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,)).fetchall()
         return [NodeTotals(*row) for row in rows]
+
+    def totals_by_client(self, limit: Optional[int] = None) -> list[ClientTotals]:
+        """Per client_id of the routes the work was done on, by client id; with `limit`, only the
+        `limit` clients with the most tokens."""
+        order = "i.client_id" if limit is None else "SUM(w.prefill_tokens + w.decode_tokens) DESC, i.client_id"
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT i.client_id, COUNT(DISTINCT w.session_id), SUM(w.prefill_tokens), SUM(w.decode_tokens) "
+                "FROM work AS w JOIN issued AS i "
+                "ON i.session_id = w.session_id AND i.epoch = w.epoch AND i.node_id = w.node_id "
+                f"GROUP BY i.client_id ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,)).fetchall()
+        return [ClientTotals(*row) for row in rows]
+
+    def overall(self) -> tuple[int, int, int]:
+        """(distinct route sessions, prefill tokens, decode tokens) over all work counted."""
+        with self._lock:
+            return self._db.execute("SELECT COUNT(DISTINCT session_id), COALESCE(SUM(prefill_tokens), 0), "
+                                    "COALESCE(SUM(decode_tokens), 0) FROM work").fetchone()
 
     def sessions(self) -> set[str]:
         with self._lock:
@@ -154,11 +189,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Read the tracker's work ledger.")
     parser.add_argument("--db", required=True, type=Path)
     parser.add_argument("command", choices=["totals"])
+    parser.add_argument("view", nargs="?", choices=["by-node", "by-client"], default="by-node",
+                        help="tokens and sessions per node (default) or per client_id of the routes")
     args = parser.parse_args()
     if not args.db.exists():
         parser.error(f"no ledger at {args.db}")
     ledger = Ledger(args.db)
-    print(json.dumps([dataclasses.asdict(t) for t in ledger.totals()], indent=2))
+    totals = ledger.totals() if args.view == "by-node" else ledger.totals_by_client()
+    print(json.dumps([dataclasses.asdict(t) for t in totals], indent=2))
     ledger.close()
 
 

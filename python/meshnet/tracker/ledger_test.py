@@ -1,8 +1,14 @@
-"""Ledger: only issued triples count, once per report, within their cap; totals survive reopen."""
+"""Ledger: only issued triples count, once per report, within their cap; totals survive reopen;
+work is attributed per client; an old ledger gains the client column."""
+
+import json
+import sqlite3
+import sys
 
 import pytest
 
-from meshnet.tracker.ledger import Ledger, NodeTotals, WorkRefused
+from meshnet.tracker.ledger import ClientTotals, Ledger, NodeTotals, WorkRefused
+from meshnet.tracker.ledger import main as ledger_main
 from meshnet.types.seam import RouteSession
 from meshnet.types.status import StatusCode
 from meshnet.types.tracker import WorkEntry
@@ -63,3 +69,61 @@ def test_maximum_size_work_keeps_totals_exact(tmp_path):
         ledger.record("a", 9, [WorkEntry(RouteSession("s0", 1), 1, 0)])  # the triple is full
     with pytest.raises(WorkRefused):
         ledger.record("a", 0, [WorkEntry(RouteSession("s0", 1), 0, 0)])  # report ids start at 1
+
+
+def test_work_is_attributed_to_the_client_of_its_route(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.db")
+    ledger.issue([("s1", 1, "a"), ("s1", 1, "b")], 100, client_id="key:alice")
+    ledger.issue([("s1", 2, "a")], 100, client_id="key:alice")  # a failover keeps the route's client
+    ledger.issue([("s2", 1, "a")], 100, client_id="key:bob")
+    ledger.issue([("s3", 1, "b")], 100)  # a route opened without a client id
+    ledger.record("a", 1, [WorkEntry(RouteSession("s1", 1), 10, 1), WorkEntry(RouteSession("s1", 2), 10, 4),
+                           WorkEntry(RouteSession("s2", 1), 7, 2)])
+    ledger.record("b", 1, [WorkEntry(RouteSession("s1", 1), 10, 5), WorkEntry(RouteSession("s3", 1), 3, 3)])
+    assert ledger.totals_by_client() == [ClientTotals("", 1, 3, 3), ClientTotals("key:alice", 1, 30, 10),
+                                         ClientTotals("key:bob", 1, 7, 2)]
+    assert ledger.totals_by_client(limit=1) == [ClientTotals("key:alice", 1, 30, 10)]  # the most tokens first
+    assert ledger.totals(limit=1) == [NodeTotals("a", 2, 27, 7)]
+    assert ledger.overall() == (3, 40, 15)
+
+
+def test_an_old_ledger_gains_the_client_column_and_keeps_its_work(tmp_path):
+    """A ledger written before per-client attribution: its `issued` table has no client_id."""
+    db = tmp_path / "old.db"
+    old = sqlite3.connect(db)
+    old.executescript("""
+        CREATE TABLE issued (session_id TEXT NOT NULL, epoch INTEGER NOT NULL, node_id TEXT NOT NULL,
+                             max_tokens INTEGER NOT NULL, issued_at REAL NOT NULL,
+                             PRIMARY KEY (session_id, epoch, node_id));
+        CREATE TABLE work (id INTEGER PRIMARY KEY, node_id TEXT NOT NULL, report_id INTEGER NOT NULL,
+                           session_id TEXT NOT NULL, epoch INTEGER NOT NULL, prefill_tokens INTEGER NOT NULL,
+                           decode_tokens INTEGER NOT NULL, recorded_at REAL NOT NULL);
+        INSERT INTO issued VALUES ('old', 1, 'a', 100, 0.0);
+        INSERT INTO work VALUES (1, 'a', 1, 'old', 1, 20, 5, 0.0);
+    """)
+    old.commit()
+    old.close()
+    ledger = Ledger(db)
+    assert ledger.totals() == [NodeTotals("a", 1, 20, 5)]
+    assert ledger.totals_by_client() == [ClientTotals("", 1, 20, 5)]
+    ledger.issue([("new", 1, "a")], 100, client_id="key:carol")
+    assert ledger.record("a", 2, [WorkEntry(RouteSession("new", 1), 1, 1)]) == 1
+    ledger.close()
+    reopened = Ledger(db)  # the migration ran once; reopening finds the column
+    assert reopened.totals_by_client() == [ClientTotals("", 1, 20, 5), ClientTotals("key:carol", 1, 1, 1)]
+
+
+def test_the_command_line_prints_totals_by_client(tmp_path, capsys, monkeypatch):
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(db)
+    ledger.issue([("s", 1, "a")], 100, client_id="key:alice")
+    ledger.record("a", 1, [WorkEntry(RouteSession("s", 1), 4, 2)])
+    ledger.close()
+    monkeypatch.setattr(sys, "argv", ["ledger", "--db", str(db), "totals", "by-client"])
+    ledger_main()
+    assert json.loads(capsys.readouterr().out) == [
+        {"client_id": "key:alice", "sessions": 1, "prefill_tokens": 4, "decode_tokens": 2}]
+    monkeypatch.setattr(sys, "argv", ["ledger", "--db", str(db), "totals"])
+    ledger_main()
+    assert json.loads(capsys.readouterr().out) == [
+        {"node_id": "a", "sessions": 1, "prefill_tokens": 4, "decode_tokens": 2}]

@@ -4,7 +4,9 @@
 --roles-file is a JSON object mapping roles ("node", "client", "gateway", "verifier") to their
 bearer tokens (never from argv, which other users can read). --ticket-key holds the Ed25519
 key that signs route tickets (created 0600 when absent). --models is a JSON list of certified
-models (see README, "Tracker"). SIGTERM/SIGINT stop it gracefully; logs are JSON lines on stderr.
+models (see README, "Tracker"). `--http-listen HOST:PORT` (off by default) also serves the
+read-only /metrics, /status and /status.json (tracker/web.py says what they reveal). SIGTERM/SIGINT
+stop it gracefully; logs are JSON lines on stderr.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 
 from meshnet.identity.keys import Identity
 from meshnet.process import log, stop_on_signals, write_port_file
+from meshnet.tracker import web
 from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
 
@@ -56,6 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--insecure", action="store_true", help="plaintext (loopback development only)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    parser.add_argument("--http-listen", help="host:port for the read-only /metrics and /status pages (off by "
+                        "default; port 0 picks one; bind a loopback or private address: anyone reaching it sees "
+                        "the swarm)")
+    parser.add_argument("--http-port-file", type=Path, help="write the HTTP port here (before --port-file)")
     args = parser.parse_args(argv)
 
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -69,17 +77,23 @@ def main(argv: list[str] | None = None) -> None:
     ledger = Ledger(args.db)
     registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
                         ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds)
+    metrics = TrackerMetrics(registry, ledger)
     try:
         server, port = serve(registry, ledger, args.listen, roles, Identity.load_or_create(args.ticket_key), tls=tls,
-                             ticket_seconds=args.ticket_seconds)
-    except ValueError as err:
+                             ticket_seconds=args.ticket_seconds, metrics=metrics)
+        http = web.serve(metrics, args.http_listen) if args.http_listen else None
+    except (ValueError, OSError) as err:
         parser.error(str(err))
     log("listening", address=args.listen, port=port, db=str(args.db), models=[m.model for m in models],
-        tls=tls is not None)
+        tls=tls is not None, http=http.url if http else None)
+    if http is not None:
+        write_port_file(args.http_port_file, http.port)
     write_port_file(args.port_file, port)
     stop = stop_on_signals()
     stop.wait()
     log("stopping")
+    if http is not None:
+        http.stop()
     server.stop(grace=5).wait()
     ledger.close()
 

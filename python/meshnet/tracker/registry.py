@@ -9,7 +9,9 @@ reported on and closed only by the principal that opened it; a route session's e
 grows, and every issued route covers [0, n_layer) exactly once. A route session is leased: unless
 its client renews it (or reports on it) within `route_lease_seconds`, it expires and its hops'
 capacity returns. A route only enters a GGUF node at its registered start (the worker cannot run
-from an effective start); reference nodes may be entered at any layer they serve.
+from an effective start); reference nodes may be entered at any layer they serve. A route keeps
+the client_id it was opened with across epochs (the ledger attributes its work to it).
+`snapshot()` is a bounded, read-only copy for the status page and metrics (tracker/web.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Callable, Optional
 from meshnet.identity import keys
 from meshnet.recipe import fingerprint
 from meshnet.tracker import routing
+from meshnet.tracker import snapshot as snap
 from meshnet.types import tracker as tt
 from meshnet.types.ids import NodeId, SessionId
 from meshnet.types.seam import RouteSession
@@ -58,6 +61,7 @@ class _Node:
     lease_until: float
     draining: bool = False
     load: tt.Load = dataclasses.field(default_factory=tt.Load)
+    last_heartbeat: float = 0.0  # registry clock: the last register or heartbeat
 
 
 @dataclasses.dataclass
@@ -69,6 +73,8 @@ class _Session:
     avoid: frozenset[NodeId]
     client_key: bytes = b""  # the verified key of the principal that opened the route
     lease_until: float = 0.0  # registry clock; the session expires after this unless renewed
+    client_id: str = ""  # as the opener named it (OpenRouteRequest.client_id); kept across epochs
+    opened_at: float = 0.0  # registry clock
 
 
 @dataclasses.dataclass
@@ -96,6 +102,11 @@ class Registry:
         self._bans: dict[NodeId, _Ban] = {}
 
     @property
+    def models(self) -> frozenset[str]:
+        """The names of the certified models (fixed at construction)."""
+        return frozenset(self._models)
+
+    @property
     def lease_ms(self) -> int:
         return int(self._lease * 1000)
 
@@ -118,7 +129,8 @@ class Registry:
         if admission == tt.Admission.REFUSED:
             return tt.RegisterReply(_error(StatusCode.FINGERPRINT_MISMATCH, reason), admission, reason)
         with self._lock:
-            self._nodes[info.node_id] = _Node(info, admission, reason, self._clock() + self._lease)
+            now = self._clock()
+            self._nodes[info.node_id] = _Node(info, admission, reason, now + self._lease, last_heartbeat=now)
         return tt.RegisterReply(OK, admission, reason, self.lease_ms)
 
     def _admit(self, info: tt.NodeInfo) -> tuple[tt.Admission, str]:
@@ -155,7 +167,8 @@ class Registry:
             node = self._live_node(node_id)
             if node is None:
                 return tt.HeartbeatReply(_error(StatusCode.NOT_FOUND, f"node {node_id!r} has no live lease; register again", True))
-            node.lease_until = self._clock() + self._lease
+            node.last_heartbeat = self._clock()
+            node.lease_until = node.last_heartbeat + self._lease
             if load is not None:
                 node.load = load
         return tt.HeartbeatReply(OK, self.lease_ms)
@@ -210,16 +223,37 @@ class Registry:
             infos = tuple(n.info for n in sorted(nodes, key=lambda n: n.info.node_id))
         return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark)
 
+    def snapshot(self, max_nodes: int = snap.MAX_NODES, max_routes: int = snap.MAX_ROUTES) -> snap.RegistrySnapshot:
+        """A bounded read-only copy of the live nodes, routes and coverage (see snapshot.py).
+        Forgets expired leases on the way, as every other reader does."""
+        with self._lock:
+            now = self._clock()
+            self._expire_sessions()
+            nodes = [snap.NodeFacts(n.info, snap.state_of(n.admission, n.draining, self._banned(n, now)), n.load,
+                                    n.last_heartbeat)
+                     for n in (self._live_node(i) for i in list(self._nodes)) if n is not None]
+            routes = [snap.RouteFacts(sid, s.model, s.epoch, s.client_id, s.hops, s.opened_at, s.lease_until)
+                      for sid, s in self._sessions.items()]
+            certified = {m.model: m.n_layer for m in self._models.values()}
+        return snap.build(certified, nodes, routes, now, max_nodes=max_nodes, max_routes=max_routes)
+
+    def _banned(self, node: _Node, now: float) -> bool:
+        ban = self._bans.get(node.info.node_id)
+        return ban is not None and ban.until > now
+
     # ---- route sessions ---------------------------------------------------------------------
 
     def open_route(self, request: tt.OpenRouteRequest, caller: bytes) -> tt.RouteReply:
         if request.expected_tokens > MAX_EXPECTED_TOKENS:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {request.expected_tokens} is too large"))
+        if len(request.client_id) > MAX_ID_CHARS:
+            return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, f"client_id must be at most {MAX_ID_CHARS} characters"))
         with self._lock:
             model = self._models.get(request.model)
             if model is None:
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown model {request.model!r}"))
-            session = _Session(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids), caller)
+            session = _Session(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids), caller,
+                               client_id=request.client_id, opened_at=self._clock())
             reply = self._route(SessionId(f"rs-{uuid.uuid4().hex}"), session, model)
         return reply
 
@@ -282,6 +316,12 @@ class Registry:
         with self._lock:
             session = self._live_session(route.session_id) if route else None
             return session.expected_tokens if session else 0
+
+    def client_id(self, route: Optional[RouteSession]) -> str:
+        """The client_id a live route session was opened with ('' if unknown)."""
+        with self._lock:
+            session = self._live_session(route.session_id) if route else None
+            return session.client_id if session else ""
 
     def _check_session(self, route: Optional[RouteSession]) -> Optional[Status]:
         if route is None:

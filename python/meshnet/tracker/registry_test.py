@@ -297,3 +297,63 @@ def test_the_range_fingerprint_must_be_the_certified_one_for_the_registered_laye
     assert refused.admission == tt.Admission.REFUSED and refused.status.code == StatusCode.FINGERPRINT_MISMATCH
     assert "range fingerprint" in refused.reason
     assert nid("b") not in [n.node_id for n in registry.coverage("smol").nodes]
+
+
+def test_a_route_keeps_its_client_id_across_epochs(registry):
+    register(registry, "a", 0, 30)
+    register(registry, "b", 0, 30)
+    first = open_route(registry, tt.OpenRouteRequest("smol", client_id="key:alice"))
+    assert registry.client_id(first.session) == "key:alice"
+    second = fail(registry, first.session, first.hops[0].node.node_id)
+    assert second.status.ok and second.session.epoch == 2
+    assert registry.client_id(second.session) == "key:alice"
+    assert registry.client_id(RouteSession("rs-unknown", 1)) == ""
+    too_long = open_route(registry, tt.OpenRouteRequest("smol", client_id="k" * 129))
+    assert too_long.status.code == StatusCode.INVALID_ARGUMENT
+
+
+def test_the_snapshot_shows_states_coverage_routes_and_no_secrets(registry, clock):
+    register(registry, "a", 0, 10)
+    register(registry, "b", 10, 20)
+    register(registry, "c", 20, 30)
+    register(registry, "d", 0, 30)
+    register(registry, "e", 0, 30, architecture="qwen3", model="other")  # dark
+    clock.now += 3
+    registry.heartbeat(nid("a"), tt.Load(active_sessions=1, decode_tokens_per_second=42.5), key("a").public_key)
+    route = open_route(registry, tt.OpenRouteRequest("smol", client_id="key:alice",
+                                                     avoid_node_ids=(nid("d"),)))
+    assert route.status.ok
+    assert registry.drain(nid("b"), key("b").public_key).ok
+    assert fail(registry, open_route(registry, tt.OpenRouteRequest("smol", avoid_node_ids=(nid("a"), nid("b"),
+                                                                                           nid("c")))).session,
+                nid("d")).status.code == StatusCode.UNAVAILABLE  # d is banned; that session keeps no route
+    clock.now += 1
+    snap = registry.snapshot()
+    states = {n.node_id: n.state for n in snap.nodes}
+    assert states == {nid("a"): "routable", nid("b"): "draining", nid("c"): "routable", nid("d"): "banned",
+                      nid("e"): "dark"}
+    assert snap.node_states == {("smol", "routable"): 2, ("smol", "draining"): 1, ("smol", "banned"): 1,
+                                ("(uncertified)", "dark"): 1}
+    (model,) = snap.models
+    assert (model.model, model.n_layer) == ("smol", 30)
+    assert model.replicas == (1,) * 10 + (0,) * 10 + (1,) * 10 and model.gaps == ((10, 20),)
+    assert model.covered_ratio == pytest.approx(20 / 30)
+    a = next(n for n in snap.nodes if n.node_id == nid("a"))
+    assert a.heartbeat_age_s == pytest.approx(1.0) and a.load.decode_tokens_per_second == 42.5 and a.routes == 1
+    assert next(n for n in snap.nodes if n.node_id == nid("c")).heartbeat_age_s == pytest.approx(4.0)
+    assert snap.route_count == 2 and snap.live_routes == {"smol": 2}
+    alice = next(r for r in snap.routes if r.client_id == "key:alice")
+    assert alice.hops == ((nid("a"), 0, 10), (nid("b"), 10, 20), (nid("c"), 20, 30))
+    assert alice.epoch == 1 and alice.age_s == pytest.approx(1.0) and len(alice.tag) == 8
+    assert route.session.session_id.startswith("rs-" + alice.tag) and alice.tag != route.session.session_id[3:]
+    assert "public_key" not in repr(snap) and "ticket" not in repr(snap) and route.session.session_id not in repr(snap)
+
+
+def test_the_snapshot_is_bounded(registry):
+    for i in range(6):
+        register(registry, f"n{i}", 0, 30)
+    for _ in range(5):
+        assert open_route(registry).status.ok
+    snap = registry.snapshot(max_nodes=4, max_routes=3)
+    assert (len(snap.nodes), snap.node_count, len(snap.routes), snap.route_count) == (4, 6, 3, 5)
+    assert snap.node_states == {("smol", "routable"): 6}

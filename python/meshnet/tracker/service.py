@@ -5,8 +5,9 @@ authenticated before it is handled (ADR 0003): the bearer token must grant a rol
 the method (PERMISSION_DENIED otherwise, UNAUTHENTICATED for no known token), and the request
 must be signed by the caller's Ed25519 key (UNAUTHENTICATED otherwise); the verified key is what
 the registry acts for. Route replies carry a ticket per hop, signed with the tracker's ticket
-key, and every issued (session, epoch, node) triple is recorded in the ledger before the reply
-leaves, so work is accepted only for it. Protobuf stops here; bad input becomes a Status.
+key, and every issued (session, epoch, node) triple is recorded in the ledger, with the route's
+client_id, before the reply leaves, so work is accepted only for it. Every answer is counted in
+the tracker's metrics (tracker/metrics.py). Protobuf stops here; bad input becomes a Status.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import secrets
+import time
 from concurrent import futures
 from typing import Any, Callable, Mapping, Optional
 
@@ -27,6 +29,7 @@ from meshnet.process import log
 from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.ledger import Ledger, WorkRefused
+from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import Registry
 from meshnet.tracker.v1 import tracker_pb2_grpc
 from meshnet.types import seam as st
@@ -52,7 +55,7 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
     """gRPC threads call in concurrently; the registry and ledger do their own locking."""
 
     def __init__(self, registry: Registry, ledger: Ledger, role_tokens: Mapping[str, str], ticket_key: Identity,
-                 ticket_seconds: float = TICKET_SECONDS) -> None:
+                 ticket_seconds: float = TICKET_SECONDS, metrics: Optional[TrackerMetrics] = None) -> None:
         tokens = {role: token for role, token in role_tokens.items() if token}
         if not tokens:
             raise ValueError("the tracker needs at least one role token")
@@ -66,6 +69,7 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
         self._tokens = tokens
         self._ticket_key = ticket_key
         self._ticket_ms = int(ticket_seconds * 1000)
+        self._metrics = metrics or TrackerMetrics(registry, ledger)
 
     # ---- authentication ---------------------------------------------------------------------
 
@@ -89,10 +93,12 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
             raise _Refused(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
 
     def _handle(self, method: str, request, context, reply_cls: type, work: Callable[[Any, bytes], Any]):
+        started = time.perf_counter()
         try:
             caller = self._authenticate(method, request, context)
         except _Refused as refused:
             log("refused", method=method, code=refused.code.name, reason=refused.message)
+            self._metrics.answered(method, refused.code.name, time.perf_counter() - started)
             context.abort(refused.code, refused.message)
         try:
             native = codec.from_proto(request)
@@ -102,6 +108,7 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
         except Exception as err:  # a bug must not take the tracker down; report it
             log("internal_error", method=method, error=repr(err))
             reply = reply_cls(Status(StatusCode.INTERNAL, f"tracker error: {err!r}"))
+        self._metrics.answered(method, reply.status.code.name, time.perf_counter() - started)
         return codec.to_proto(reply)
 
     # ---- nodes ------------------------------------------------------------------------------
@@ -154,9 +161,10 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
 
     def OpenRoute(self, request, context):  # noqa: N802
         def work(req: tt.OpenRouteRequest, caller: bytes) -> tt.RouteReply:
-            reply = self._ticketed(self._registry.open_route(req, caller), caller, req.expected_tokens)
-            log("open_route", model=req.model, client=keys.principal(caller), status=reply.status.code.name,
-                session=reply.session.session_id if reply.session else None,
+            reply = self._ticketed(self._registry.open_route(req, caller), caller, req.expected_tokens, req.client_id)
+            self._metrics.route_opens.labels(self._metrics.model_label(req.model), reply.status.code.name).inc()
+            log("open_route", model=req.model, client=keys.principal(caller), client_id=req.client_id,
+                status=reply.status.code.name, session=reply.session.session_id if reply.session else None,
                 hops=[(h.node.node_id, h.layers.start, h.layers.end) for h in reply.hops])
             return reply
         return self._handle("OpenRoute", request, context, tt.RouteReply, work)
@@ -165,7 +173,9 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
         def work(req: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
             reply = self._registry.report_failure(req, caller)
             if reply.status.ok:
-                reply = self._ticketed(reply, caller, self._registry.expected_tokens(reply.session))
+                reply = self._ticketed(reply, caller, self._registry.expected_tokens(reply.session),
+                                       self._registry.client_id(reply.session))
+            self._metrics.failovers.labels(reply.status.code.name).inc()
             log("report_failure", session=req.session, failed=req.failed_node_id, status=reply.status.code.name,
                 epoch=reply.session.epoch if reply.session else None)
             return reply
@@ -182,12 +192,13 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
     def TrackerKey(self, request, context):  # noqa: N802
         return codec.to_proto(tt.TrackerKeyReply(Status(StatusCode.OK), self._ticket_key.public_key))
 
-    def _ticketed(self, reply: tt.RouteReply, client_key: bytes, expected_tokens: int) -> tt.RouteReply:
+    def _ticketed(self, reply: tt.RouteReply, client_key: bytes, expected_tokens: int, client_id: str) -> tt.RouteReply:
         """The reply with a signed ticket on every hop; its triples are in the ledger first."""
         if not reply.status.ok or reply.session is None or not reply.hops:
             return reply
         session = reply.session
-        self._ledger.issue([(session.session_id, session.epoch, h.node.node_id) for h in reply.hops], expected_tokens)
+        self._ledger.issue([(session.session_id, session.epoch, h.node.node_id) for h in reply.hops], expected_tokens,
+                           client_id)
         expires = route_tickets.now_ms() + self._ticket_ms
         hops = []
         for i, hop in enumerate(reply.hops):
@@ -207,11 +218,12 @@ def new_role_tokens() -> dict[str, str]:
 
 
 def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[str, str], ticket_key: Identity, *,
-          tls: Optional[tuple[bytes, bytes]] = None, max_workers: int = 16,
-          ticket_seconds: float = TICKET_SECONDS) -> tuple[grpc.Server, int]:
+          tls: Optional[tuple[bytes, bytes]] = None, max_workers: int = 16, ticket_seconds: float = TICKET_SECONDS,
+          metrics: Optional[TrackerMetrics] = None) -> tuple[grpc.Server, int]:
     # tls: (certificate chain PEM, private key PEM), or None for plaintext (--insecure).
+    # metrics: where the service counts its answers (a fresh TrackerMetrics if None).
     """Starts the tracker; returns the server and the bound port (listen may use port 0)."""
-    service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds)
+    service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          maximum_concurrent_rpcs=max_workers * 8)
     tracker_pb2_grpc.add_TrackerServicer_to_server(service, server)

@@ -1,0 +1,1 @@
+"""The Meshnet gateway: an OpenAI-compatible HTTP API over route sessions."""

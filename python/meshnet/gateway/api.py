@@ -1,0 +1,403 @@
+"""The OpenAI-compatible HTTP API (FastAPI on Starlette, served by uvicorn in main.py).
+
+  GET  /v1/models                certified models this gateway serves, with their coverage
+  POST /v1/chat/completions      chat, streaming (SSE) or not
+  POST /v1/completions           plain completions, streaming or not
+  GET  /metrics                  Prometheus text (GatewayMetrics)
+  GET  /healthz                  liveness
+
+Every /v1 call checks the API key first (401), then bounds and parses the body (413/400), then
+the model (404); a generation then takes one of its key's concurrent slots (429) before it asks
+the tracker for a route. A streaming response starts only once the first token is in, so the
+route's refusals (429 RESOURCE_EXHAUSTED with Retry-After, 503 no coverage, 504 a deadline)
+are real HTTP statuses; a failure after that ends the stream with an OpenAI error event. A
+client that goes away cancels its route (CANCEL along the chain: every hop frees its KV).
+Prompts are built here: the GGUF's chat template (jinja2), and the GGUF's tokenizer, with no
+torch in the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import secrets
+import time
+import uuid
+from typing import AsyncIterator, Optional, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from meshnet.client.session import GenerationParams, MeshnetError
+from meshnet.client.text import IncrementalText
+from meshnet.gateway import schema
+from meshnet.gateway.chat import ChatTemplateError, render_chat
+from meshnet.gateway.errors import ApiError, bad_request, from_status
+from meshnet.gateway.keys import ApiKey, KeyRing
+from meshnet.gateway.metrics import GatewayMetrics
+from meshnet.types import seam as t
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    name: str  # the tracker's certified model name, and the API's model id
+    tokenizer: object  # GgufTokenizer: encode, decode, chat_template, bos/eos tokens, stop_token_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayConfig:
+    default_max_tokens: int = 256
+    max_body_bytes: int = 1 << 20  # request bodies past this are refused (413) before they are read
+    first_token_timeout: float = 120.0
+    stall_timeout: float = 60.0
+    anonymous_client_id: str = "gateway"  # the ledger's client when no keys are configured
+
+
+@dataclasses.dataclass
+class _Piece:
+    text: str
+    tokens: list  # SampledToken(s) the text came from (for logprobs)
+
+
+class _Generation:
+    """One request's run: prompt -> route -> text pieces; owns the key slot and the stream."""
+
+    def __init__(self, app: "Gateway", served: ServedModel, key: Optional[ApiKey], prompt_ids: list[int],
+                 params: GenerationParams, stops: Sequence[str]) -> None:
+        self.app, self.served, self.key = app, served, key
+        self.prompt_ids, self.params = prompt_ids, params
+        self.text = IncrementalText(lambda ids: served.tokenizer.decode(ids), stops)
+        self.finish_reason = "length"
+        self.completion_tokens = 0
+        self._slot = app.keys.slot(key) if key is not None and app.keys is not None else None
+        self._stream = None
+        self._first: Optional[t.SampledToken] = None
+        self._started = time.perf_counter()
+        self._last = 0.0
+        self._ended = False
+        self._pending: list = []
+
+    async def open(self) -> None:
+        """Takes the key's slot, opens the route and waits for the first token (or the refusal)."""
+        if self._slot is not None:
+            self._slot.__enter__()  # ApiError 429 when the key is at its limit
+        self.app.metrics.live.labels(self.served.name).inc()
+        client_id = self.key.client_id if self.key is not None else self.app.config.anonymous_client_id
+        try:
+            self._stream = self.app.backend.start(self.served.name, client_id, self.prompt_ids, self.params)
+            self._first = await self._stream.next()
+        except MeshnetError as err:
+            self.close()
+            raise from_status(err.status, model=self.served.name) from None
+        except BaseException:
+            self.close()
+            raise
+        self.app.metrics.prompt_tokens.labels(self.served.name).inc(len(self.prompt_ids))
+
+    async def pieces(self) -> AsyncIterator[_Piece]:
+        """Text as it becomes stable, with the tokens behind it; sets finish_reason at the end."""
+        token = self._first
+        while token is not None:
+            now = time.perf_counter()
+            if self.completion_tokens == 0:
+                self.app.metrics.ttft.labels(self.served.name).observe(now - self._started)
+            else:
+                self.app.metrics.inter_token.labels(self.served.name).observe(now - self._last)
+            self._last = now
+            self.completion_tokens += 1
+            self.app.metrics.completion_tokens.labels(self.served.name).inc()
+            self._pending.append(token)
+            if token.token_id in self.params.stop_token_ids:
+                self.finish_reason = "stop"
+                break  # a stop token: its text is not part of the answer
+            piece = self.text.feed(token.token_id)
+            if piece or self.text.stopped:
+                yield self._take(piece)
+            if self.text.stopped:
+                self.finish_reason = "stop"
+                self.close()  # the swarm would go on generating: cancel it now
+                return
+            try:
+                token = await self._stream.next()
+            except MeshnetError as err:
+                raise from_status(err.status, model=self.served.name) from None
+        rest = self.text.finish()
+        if rest or self._pending:
+            yield self._take(rest)
+
+    def _take(self, text: str) -> _Piece:
+        piece = _Piece(text, self._pending)
+        self._pending = []
+        return piece
+
+    def close(self, disconnected: bool = False) -> None:
+        """Ends the run however it ended: cancels a route still generating, frees the slot. Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        if self._stream is not None:
+            self._stream.cancel()
+            self.app.metrics.failovers.labels(self.served.name).inc(self._stream.failovers)
+        if disconnected:
+            self.app.metrics.disconnects.labels(self.served.name).inc()
+        self.app.metrics.live.labels(self.served.name).dec()
+        if self._slot is not None:
+            self._slot.__exit__(None, None, None)
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": self.completion_tokens,
+                "total_tokens": len(self.prompt_ids) + self.completion_tokens}
+
+
+class Gateway:
+    """What the app needs: the served models, the backend that runs generations, the keys."""
+
+    def __init__(self, models: Sequence[ServedModel], backend, keys: Optional[KeyRing],
+                 config: GatewayConfig = GatewayConfig()) -> None:
+        self.models = {m.name: m for m in models}
+        self.backend, self.keys, self.config = backend, keys, config
+        self.metrics = GatewayMetrics()
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    app = FastAPI(title="Meshnet gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gateway
+    metrics = gateway.metrics
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError) -> JSONResponse:
+        metrics.refusals.labels(str(err.http_status)).inc()
+        return JSONResponse(err.body(), status_code=err.http_status, headers=err.headers())
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        metrics.requests.labels(_endpoint(request.url.path), str(response.status_code)).inc()
+        return response
+
+    @app.get("/healthz")
+    async def healthz() -> PlainTextResponse:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> JSONResponse:
+        _authenticate(gateway, request)
+        data = [await _describe(gateway, name) for name in gateway.models]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str, request: Request) -> JSONResponse:
+        _authenticate(gateway, request)
+        _served(gateway, model)
+        return JSONResponse(await _describe(gateway, model))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        key = _authenticate(gateway, request)
+        body = schema.parse(schema.ChatRequest, await _read_json(request, gateway.config.max_body_bytes))
+        body.check_common()
+        served = _served(gateway, body.model)
+        alternatives = body.alternatives()
+        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
+        prompt_ids = await asyncio.to_thread(_chat_prompt, served, messages)
+        run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
+                          body.stop_strings())
+        return await _respond(request, run, body, "chat", alternatives)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        key = _authenticate(gateway, request)
+        body = schema.parse(schema.CompletionRequest, await _read_json(request, gateway.config.max_body_bytes))
+        body.check_common()
+        served = _served(gateway, body.model)
+        alternatives = body.alternatives()
+        prompt_ids = await asyncio.to_thread(_completion_prompt, served, body.prompt)
+        run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
+                          body.stop_strings())
+        return await _respond(request, run, body, "text", alternatives)
+
+    return app
+
+
+# ---- requests --------------------------------------------------------------------------------
+
+def _endpoint(path: str) -> str:
+    for known in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/healthz"):
+        if path.startswith(known):
+            return known
+    return "other"
+
+
+def _authenticate(gateway: Gateway, request: Request) -> Optional[ApiKey]:
+    if gateway.keys is None:
+        return None
+    return gateway.keys.authenticate(request.headers.get("authorization"))
+
+
+async def _read_json(request: Request, limit: int) -> object:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise ApiError(413, f"request body over {limit} bytes", code="request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"request body over {limit} bytes", code="request_too_large")
+    try:
+        return json.loads(body)
+    except ValueError as err:
+        raise bad_request(f"the request body is not valid JSON: {err}") from None
+
+
+def _served(gateway: Gateway, model: str) -> ServedModel:
+    served = gateway.models.get(model)
+    if served is None:
+        raise ApiError(404, f"The model {model!r} does not exist; this gateway serves {sorted(gateway.models)}",
+                       param="model", code="model_not_found")
+    return served
+
+
+async def _describe(gateway: Gateway, name: str) -> dict:
+    try:
+        cover = await asyncio.to_thread(gateway.backend.coverage, name)
+        if not cover.status.ok:
+            state, gaps, nodes = "unknown", [], 0
+        else:
+            gaps = [[g.start, g.end] for g in cover.gaps]
+            nodes = len(cover.nodes) - len(cover.dark_node_ids)
+            state = "full" if not gaps else ("partial" if nodes else "none")
+    except Exception:  # the tracker unreachable: the model is listed, its coverage is unknown
+        state, gaps, nodes = "unknown", [], 0
+    return {"id": name, "object": "model", "created": 0, "owned_by": "meshnet",
+            "meshnet": {"coverage": state, "gaps": gaps, "routable_nodes": nodes}}
+
+
+def _chat_prompt(served: ServedModel, messages: list[dict]) -> list[int]:
+    tok = served.tokenizer
+    if not tok.chat_template:
+        raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "messages")
+    try:
+        text = render_chat(tok.chat_template, messages, bos_token=tok.bos_token, eos_token=tok.eos_token,
+                           add_generation_prompt=True)
+    except ChatTemplateError as err:
+        raise bad_request(str(err), "messages") from None
+    return tok.encode(text, special=True)
+
+
+def _completion_prompt(served: ServedModel, prompt) -> list[int]:
+    tok = served.tokenizer
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise bad_request("one prompt per request (a list of several is like n > 1)", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tok.encode(prompt, special=False)
+    else:
+        ids = list(prompt)
+        if any(not 0 <= i < tok.vocab_size for i in ids):
+            raise bad_request(f"token ids must be in 0..{tok.vocab_size - 1}", "prompt")
+    if not ids:
+        raise bad_request("the prompt is empty", "prompt")
+    return ids
+
+
+def _params(body, served: ServedModel, alternatives: Optional[int], config: GatewayConfig) -> GenerationParams:
+    seed = body.seed if body.seed is not None else secrets.randbits(63)
+    top_p = body.top_p if body.top_p < 1.0 else 0.0  # 1 keeps every token: no nucleus cut
+    return GenerationParams(max_tokens=body.budget(config.default_max_tokens), temperature=body.temperature,
+                            top_p=top_p, seed=seed, stop_token_ids=tuple(served.tokenizer.stop_token_ids),
+                            first_token_timeout=config.first_token_timeout, stall_timeout=config.stall_timeout,
+                            top_logprobs=alternatives or 0)
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+async def _respond(request: Request, run: _Generation, body, kind: str, alternatives: Optional[int]) -> Response:
+    await run.open()
+    ident = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if body.stream:
+        return StreamingResponse(_sse(request, run, body, kind, alternatives, ident, created),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    text, tokens = [], []
+    try:
+        async for piece in run.pieces():
+            text.append(piece.text)
+            tokens += piece.tokens
+            if len(text) % 16 == 0 and await request.is_disconnected():  # nobody waits for the answer
+                run.close(disconnected=True)
+                return Response(status_code=499)
+    finally:
+        run.close()
+    content = "".join(text)
+    logprobs = _logprobs(run, kind, tokens) if alternatives is not None else None
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": logprobs,
+                  "finish_reason": run.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": content, "logprobs": logprobs, "finish_reason": run.finish_reason}
+        obj = "text_completion"
+    return JSONResponse({"id": ident, "object": obj, "created": created, "model": run.served.name,
+                         "choices": [choice], "usage": run.usage()})
+
+
+async def _sse(request: Request, run: _Generation, body, kind: str, alternatives: Optional[int], ident: str,
+               created: int) -> AsyncIterator[bytes]:
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    usage_field = {"usage": None} if body.include_usage else {}
+
+    def chunk(choice: Optional[dict], **extra) -> bytes:
+        payload = {"id": ident, "object": obj, "created": created, "model": run.served.name,
+                   "choices": [choice] if choice is not None else [], **usage_field, **extra}
+        return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+    def choice(text: str, tokens: list, finish: Optional[str] = None, first: bool = False) -> dict:
+        logprobs = _logprobs(run, kind, tokens) if alternatives is not None and tokens else None
+        if kind == "chat":
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text or not finish else {})
+            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    finished = False
+    try:
+        if kind == "chat":
+            yield chunk(choice("", [], first=True))
+        async for piece in run.pieces():
+            yield chunk(choice(piece.text, piece.tokens))
+        yield chunk(choice("", [], run.finish_reason))
+        if body.include_usage:
+            yield chunk(None, usage=run.usage())
+        yield b"data: [DONE]\n\n"
+        finished = True
+    except ApiError as err:  # after the first token: the stream ends with the error event
+        run.app.metrics.refusals.labels(str(err.http_status)).inc()
+        yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+        finished = True
+    finally:
+        run.close(disconnected=not finished)
+
+
+def _logprobs(run: _Generation, kind: str, tokens: list) -> dict:
+    tok = run.served.tokenizer
+
+    def text_of(token_id: int) -> str:
+        return tok.decode([token_id], skip_special=False)
+
+    if kind == "chat":
+        content = []
+        for s in tokens:
+            piece = text_of(s.token_id)
+            content.append({"token": piece, "logprob": s.logprob, "bytes": list(piece.encode()),
+                            "top_logprobs": [{"token": text_of(a.token_id), "logprob": a.logprob,
+                                              "bytes": list(text_of(a.token_id).encode())} for a in s.top]})
+        return {"content": content}
+    return {"tokens": [text_of(s.token_id) for s in tokens], "token_logprobs": [s.logprob for s in tokens],
+            "top_logprobs": [{text_of(a.token_id): a.logprob for a in s.top} for s in tokens]}

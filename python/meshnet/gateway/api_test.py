@@ -1,0 +1,263 @@
+"""The gateway's HTTP API against a test fake of the swarm (FakeSwarmBackend) and a test fake
+tokenizer (one token per byte): every error row of issue 15, OpenAI framing, keys and slots.
+The live swarm is tests/gateway_test.py's business; this runs a real uvicorn on a real socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import threading
+import time
+from typing import Optional
+
+import openai
+import pytest
+import uvicorn
+
+from meshnet.client.session import MeshnetError
+from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel, create_app
+from meshnet.gateway.keys import ApiKey, KeyRing, digest
+from meshnet.types import seam as t
+from meshnet.types import tracker as tt
+from meshnet.types.status import Status, StatusCode
+
+EOS = 256
+KEY, OTHER_KEY = "sk-test-alice-0123456789", "sk-test-bob-0123456789ab"
+
+
+class FakeTokenizer:
+    """Test fake: one token per UTF-8 byte, EOS = 256; the chat template joins the turns."""
+
+    chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}<assistant>{% endif %}")
+    bos_token, eos_token, vocab_size, stop_token_ids = "", "</s>", 257, (EOS,)
+
+    def encode(self, text: str, special: bool = True, add_bos=None) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids, skip_special: bool = True) -> str:
+        return bytes(i for i in ids if i < 256).decode(errors="replace")
+
+
+class FakeStream:
+    """Test fake of generation.TokenStream: yields `reply`'s bytes (then EOS), or fails."""
+
+    def __init__(self, reply: bytes, max_tokens: int, failure: Optional[Status], gap: float) -> None:
+        ids = list(reply)[:max_tokens]
+        if len(ids) < max_tokens:
+            ids.append(EOS)
+        self.ids, self.failure, self.gap = ids, failure, gap
+        self.cancelled = False
+        self.failovers = 0
+
+    async def next(self) -> Optional[t.SampledToken]:
+        if self.failure is not None:
+            raise MeshnetError(self.failure)
+        await asyncio.sleep(self.gap)
+        if self.cancelled or not self.ids:
+            return None
+        token = self.ids.pop(0)
+        return t.SampledToken(token, 0, -0.5, (t.TokenLogprob(token, -0.5),))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeSwarmBackend:
+    """Test fake of generation.SwarmBackend; the model name picks the behaviour."""
+
+    FAILURES = {"busy": Status(StatusCode.RESOURCE_EXHAUSTED, "all sessions in use", True),
+                "uncovered": Status(StatusCode.UNAVAILABLE, "no chain of nodes gets past layer 10", True),
+                "slow": Status(StatusCode.DEADLINE_EXCEEDED, "no token for 120s", True),
+                "long": Status(StatusCode.INVALID_ARGUMENT, "this route takes at most 64 tokens")}
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, str, list[int]]] = []
+        self.streams: list[FakeStream] = []
+        self.reply, self.gap = b"Hello, world!", 0.0
+
+    def start(self, model, client_id, prompt_ids, params):
+        self.started.append((model, client_id, list(prompt_ids)))
+        stream = FakeStream(self.reply, params.max_tokens, self.FAILURES.get(model), self.gap)
+        self.streams.append(stream)
+        return stream
+
+    def coverage(self, model):
+        gaps = (tt.LayerRange(10, 30),) if model == "uncovered" else ()
+        return tt.CoverageReply(Status(StatusCode.OK), 30, (), gaps, (), ())
+
+
+@pytest.fixture(scope="module")
+def served():
+    backend = FakeSwarmBackend()
+    keys = KeyRing([ApiKey("alice", digest(KEY), 2), ApiKey("bob", digest(OTHER_KEY), 1)])
+    models = [ServedModel(name, FakeTokenizer()) for name in ("fake", *FakeSwarmBackend.FAILURES)]
+    gateway = Gateway(models, backend, keys, GatewayConfig(default_max_tokens=32, max_body_bytes=4096))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(create_app(gateway), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield backend, gateway, sock.getsockname()[1]
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def request(port: int, method: str, path: str, body=None, key: Optional[str] = KEY, raw: Optional[bytes] = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    payload = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=payload, headers=headers)
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, response.headers, data  # headers: case-insensitive
+
+
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+ERRORS = [  # (what, path, body, key, status, param)
+    ("no key", "/v1/chat/completions", CHAT, None, 401, None),
+    ("wrong key", "/v1/chat/completions", CHAT, "sk-not-a-key-000000000", 401, None),
+    ("key on /v1/models", "/v1/models", None, "sk-not-a-key-000000000", 401, None),
+    ("unknown model", "/v1/chat/completions", {**CHAT, "model": "gpt-9"}, KEY, 404, "model"),
+    ("n > 1", "/v1/chat/completions", {**CHAT, "n": 2}, KEY, 400, "n"),
+    ("temperature > 2", "/v1/chat/completions", {**CHAT, "temperature": 2.5}, KEY, 400, "temperature"),
+    ("top_p 0", "/v1/chat/completions", {**CHAT, "top_p": 0}, KEY, 400, "top_p"),
+    ("max_tokens 0", "/v1/chat/completions", {**CHAT, "max_tokens": 0}, KEY, 400, "max_tokens"),
+    ("no messages", "/v1/chat/completions", {**CHAT, "messages": []}, KEY, 400, "messages"),
+    ("bad role", "/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, KEY, 400,
+     "messages.0.role"),
+    ("five stops", "/v1/chat/completions", {**CHAT, "stop": ["a", "b", "c", "d", "e"]}, KEY, 400, "stop"),
+    ("tools", "/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, KEY, 400, "tools"),
+    ("penalty", "/v1/chat/completions", {**CHAT, "presence_penalty": 1.0}, KEY, 400, "presence_penalty"),
+    ("top_logprobs without logprobs", "/v1/chat/completions", {**CHAT, "top_logprobs": 2}, KEY, 400, "top_logprobs"),
+    ("stream_options without stream", "/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}},
+     KEY, 400, "stream_options"),
+    ("no prompt", "/v1/completions", {"model": "fake"}, KEY, 400, "prompt"),
+    ("empty prompt", "/v1/completions", {"model": "fake", "prompt": ""}, KEY, 400, "prompt"),
+    ("token out of vocab", "/v1/completions", {"model": "fake", "prompt": [1, 99999]}, KEY, 400, "prompt"),
+    ("two prompts", "/v1/completions", {"model": "fake", "prompt": ["a", "b"]}, KEY, 400, "prompt"),
+    ("over the route's limit", "/v1/completions", {"model": "long", "prompt": "x"}, KEY, 400, None),
+    ("tracker: no capacity", "/v1/chat/completions", {**CHAT, "model": "busy"}, KEY, 429, None),
+    ("tracker: no coverage", "/v1/chat/completions", {**CHAT, "model": "uncovered"}, KEY, 503, None),
+    ("stream, no coverage", "/v1/chat/completions", {**CHAT, "model": "uncovered", "stream": True}, KEY, 503, None),
+    ("route: deadline", "/v1/completions", {"model": "slow", "prompt": "x"}, KEY, 504, None),
+]
+
+
+@pytest.mark.parametrize("what,path,body,key,status,param", ERRORS, ids=[e[0] for e in ERRORS])
+def test_error_rows(served, what, path, body, key, status, param):
+    backend, gateway, port = served
+    before = len(backend.started)
+    got, headers, data = request(port, "POST" if body is not None else "GET", path, body, key)
+    assert got == status, data
+    error = json.loads(data)["error"]
+    assert error["message"] and error["type"]
+    if param is not None:
+        assert error["param"] == param
+    if status == 429:
+        assert int(headers["Retry-After"]) >= 1
+    if status in (400, 401, 404) and "route" not in what:
+        assert len(backend.started) == before  # refused before any route was asked for
+    # An honest request right after is unharmed, and every slot was given back.
+    ok, _, answer = request(port, "POST", "/v1/chat/completions", CHAT)
+    assert ok == 200, answer
+    assert gateway.keys.in_use("alice") == 0
+
+
+def test_bad_json_and_oversized_body(served):
+    _, _, port = served
+    status, _, data = request(port, "POST", "/v1/chat/completions", raw=b"{not json")
+    assert status == 400 and "JSON" in json.loads(data)["error"]["message"]
+    status, _, _ = request(port, "POST", "/v1/chat/completions", raw=b"{" + b" " * 5000 + b"}")
+    assert status == 413
+
+
+def test_openai_client_chat_and_completions(served):
+    backend, _, port = served
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    reply = client.chat.completions.create(model="fake", messages=[{"role": "system", "content": "be brief"},
+                                                                   {"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "Hello, world!"
+    assert reply.choices[0].finish_reason == "stop"
+    prompt = "<system>be brief\n<user>hi\n<assistant>"
+    assert backend.started[-1] == ("fake", "key:alice", list(prompt.encode()))
+    assert reply.usage.prompt_tokens == len(prompt.encode()) and reply.usage.completion_tokens == 14  # 13 + EOS
+    cut = client.completions.create(model="fake", prompt="x", max_tokens=5)
+    assert cut.choices[0].text == "Hello" and cut.choices[0].finish_reason == "length"
+    assert cut.usage.completion_tokens == 5
+    stopped = client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}], stop=[", w"])
+    assert stopped.choices[0].message.content == "Hello" and stopped.choices[0].finish_reason == "stop"
+    assert backend.streams[-1].cancelled  # the swarm stops generating at the stop string
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}], n=3)
+    listed = client.models.list()
+    assert {m.id for m in listed.data} >= {"fake", "uncovered"}
+    models = json.loads(request(port, "GET", "/v1/models")[2])["data"]
+    assert {m["id"]: m["meshnet"]["coverage"] for m in models}["uncovered"] == "none"
+
+
+def test_openai_client_streaming_with_usage_and_logprobs(served):
+    _, _, port = served
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    chunks = list(client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}],
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 logprobs=True, top_logprobs=1))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello, world!"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 14
+    assert all(c.usage is None for c in chunks[:-1])
+    logprobs = [lp for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
+    assert logprobs[0].token == "H" and logprobs[0].logprob == -0.5 and len(logprobs[0].top_logprobs) == 1
+
+
+def test_concurrency_limit_per_key_and_slots_come_back(served):
+    backend, gateway, port = served
+    backend.gap = 0.05  # slow tokens, so bob's one slot is held while he asks again
+    try:
+        results = {}
+
+        def first():
+            results["first"] = request(port, "POST", "/v1/completions", {"model": "fake", "prompt": "x"}, OTHER_KEY)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while gateway.keys.in_use("bob") == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        status, headers, data = request(port, "POST", "/v1/completions", {"model": "fake", "prompt": "x"}, OTHER_KEY)
+        assert status == 429 and json.loads(data)["error"]["code"] == "concurrency_limit"
+        assert headers["Retry-After"] == "1"
+        # alice, beside him, is unaffected
+        assert request(port, "POST", "/v1/completions", {"model": "fake", "prompt": "x"})[0] == 200
+        thread.join()
+        assert results["first"][0] == 200
+        assert gateway.keys.in_use("bob") == 0
+    finally:
+        backend.gap = 0.0
+
+
+def test_sse_framing(served):
+    _, _, port = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", "/v1/completions", body=json.dumps({"model": "fake", "prompt": "x", "stream": True}),
+                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+    body = response.read().decode()
+    events = body.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    payloads = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    assert all(e.startswith("data: ") for e in events[:-1])
+    assert "".join(p["choices"][0]["text"] for p in payloads) == "Hello, world!"
+    assert all(p["object"] == "text_completion" and p["id"] == payloads[0]["id"] for p in payloads)

@@ -1,0 +1,133 @@
+"""render_chat against HF transformers' apply_chat_template (the only place transformers is
+imported for the gateway), and its refusals."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from meshnet.gateway.chat import ChatTemplateError, render_chat
+from meshnet.gateway.tokenizer import GgufTokenizer
+
+GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"])
+
+CONVERSATIONS = {
+    "system_user": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a prime number."},
+    ],
+    "multi_turn": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a prime number."},
+        {"role": "assistant", "content": "7"},
+        {"role": "user", "content": "Another, bigger, with accents: é ü 日本?"},
+    ],
+    "no_system": [
+        {"role": "user", "content": "Hello!\n  Indented line\tand a tab."},
+    ],
+    "tool_turn": [
+        {"role": "user", "content": "What is the weather?"},
+        {"role": "assistant", "content": "Let me check."},
+        {"role": "tool", "content": "{\"temp_c\": 21}"},
+    ],
+}
+
+# Exercises what the environment adds to plain jinja2: tojson (no HTML escaping, options),
+# loop controls, namespace, dict, the generation tag, strftime_now, trim/lstrip of blocks.
+FEATURES_TEMPLATE = """\
+{% set ns = namespace(count=0) %}
+{% for message in messages %}
+    {% if message['role'] == 'system' %}{% continue %}{% endif %}
+    {% set ns.count = ns.count + 1 %}
+    <{{ message['role'] }}>{{ message | tojson }}|{{ dict(a=1, b='<&>') | tojson(indent=2) }}
+    {% generation %}{{ message['content'] | upper }}{% endgeneration %}
+    {% if ns.count > 1 %}{% break %}{% endif %}
+{% endfor %}
+year={{ strftime_now('%Y') }} tools={{ tools is none }} {{ bos_token }}|{{ eos_token }}
+{% if add_generation_prompt %}<assistant>{% endif %}
+"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> GgufTokenizer:
+    return GgufTokenizer.from_gguf(GGUF)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    from transformers import AutoTokenizer  # test only: the gateway never imports transformers
+
+    return AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
+
+
+def ours(tokenizer: GgufTokenizer, messages, template=None, **kwargs) -> str:
+    return render_chat(template or tokenizer.chat_template, messages, bos_token=tokenizer.bos_token,
+                       eos_token=tokenizer.eos_token, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_bundled_template_matches_transformers(tokenizer, hf_tokenizer, name, add_generation_prompt):
+    messages = CONVERSATIONS[name]
+    expected = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    assert ours(tokenizer, messages, add_generation_prompt=add_generation_prompt) == expected
+    assert expected.count("<|im_start|>") >= len(messages)  # the comparison is over a real render
+
+
+def test_environment_features_match_transformers(tokenizer, hf_tokenizer):
+    messages = CONVERSATIONS["multi_turn"]
+    expected = hf_tokenizer.apply_chat_template(messages, chat_template=FEATURES_TEMPLATE, tokenize=False,
+                                                add_generation_prompt=True)
+    got = ours(tokenizer, messages, FEATURES_TEMPLATE)
+    assert got == expected
+    assert '"<&>"' in got and "ANOTHER" not in got and "<assistant>" in got and "tools=True" in got
+
+
+def test_text_parts_are_flattened_with_newlines(tokenizer):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]}]
+    flat = [{"role": "user", "content": "first\nsecond"}]
+    assert ours(tokenizer, parts) == ours(tokenizer, flat)
+    assert parts[0]["content"][0] == {"type": "text", "text": "first"}  # the caller's messages are untouched
+
+
+def test_extra_variables_reach_the_template():
+    assert render_chat("{{ greeting }} {{ messages | length }}", [{"role": "user", "content": "x"}],
+                       greeting="hi") == "hi 1"
+
+
+@pytest.mark.parametrize("messages,match", [
+    ([{"role": "robot", "content": "beep"}], r"messages\[0\]: role 'robot' is not one of"),
+    ([{"content": "no role"}], "role None"),
+    ([{"role": "user", "content": 42}], "content must be a string or a list of text parts"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+     r"messages\[0\]\.content\[0\] is not a"),
+    ([{"role": "user", "content": [{"type": "text", "text": 3}]}], r"content\[0\] is not a"),
+    ([{"role": "user"}], "content is missing"),
+    (["just a string"], r"messages\[0\] is not an object"),
+    ([], "non-empty list"),
+    ("hello", "non-empty list"),
+])
+def test_refuses_malformed_messages(tokenizer, messages, match):
+    with pytest.raises(ChatTemplateError, match=match):
+        ours(tokenizer, messages)
+
+
+def test_assistant_tool_calls_may_omit_content():
+    calls = [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]
+    assert render_chat("{{ messages[0].tool_calls | tojson }}{{ messages[0].content is defined }}", calls) == \
+        '[{"id": "1"}]False'
+
+
+@pytest.mark.parametrize("template,match", [
+    ("{% for m in messages %}", "does not compile"),
+    ("{{ raise_exception('only user turns, please') }}", "only user turns, please"),
+    ("{{ messages[0]['content'] + 1 }}", "TypeError"),
+    ("{% set ns = namespace() %}{% set ns._secret = 1 %}", "underscore"),
+    ("{{ ''.__class__.__mro__ }}", "SecurityError: access to attribute '__class__'"),
+    ("{{ messages.append(1) }}", "SecurityError: access to attribute 'append'"),  # immutable sandbox
+])
+def test_template_errors_are_chat_template_errors(template, match):
+    with pytest.raises(ChatTemplateError, match=match):
+        render_chat(template, [{"role": "user", "content": "x"}])

@@ -1,0 +1,130 @@
+"""The request bodies the gateway accepts, as pydantic models (the OpenAI API's shapes), and
+the checks that turn them into Meshnet sampling parameters.
+
+Unknown fields are ignored as OpenAI-compatible servers do, except the ones whose meaning the
+gateway cannot honour (tools, penalties, n > 1, echo, ...): those are refused with a 400 that
+names the parameter, so a client never silently gets something other than it asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from meshnet.gateway.errors import ApiError, bad_request
+
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
+MAX_TOP_LOGPROBS = 20
+MAX_MESSAGES = 1024
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=False)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = Field(None, max_length=64)
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Common(_Body):
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(None, ge=0, le=(1 << 63) - 1)
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    user: Optional[str] = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise bad_request(f"at most {MAX_STOP_STRINGS} stop sequences", "stop")
+        if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise bad_request(f"each stop sequence must have 1..{MAX_STOP_CHARS} characters", "stop")
+        return tuple(stops)
+
+    def check_common(self) -> None:
+        if self.n != 1:
+            raise bad_request("n must be 1: the gateway returns one choice per request", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise bad_request(f"{name} is not supported (only 0)", name)
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        extra = self.model_extra or {}
+        for name in ("tools", "functions", "logit_bias", "tool_choice", "function_call", "response_format",
+                     "best_of", "suffix", "audio", "modalities", "prediction"):
+            if extra.get(name) not in (None, [], {}):
+                raise bad_request(f"{name} is not supported by this gateway", name)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def budget(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+    def alternatives(self) -> Optional[int]:
+        """None: no logprobs; else how many alternatives per token."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int]]
+    logprobs: Optional[int] = Field(None, ge=0, le=5)
+    echo: bool = False
+
+    def budget(self, default: int) -> int:
+        return self.max_tokens or default
+
+    def alternatives(self) -> Optional[int]:
+        if self.echo:
+            raise bad_request("echo is not supported", "echo")
+        return self.logprobs
+
+
+def parse(model: type[_Body], data: object) -> _Body:
+    """`data` as `model`; a 400 naming the first bad parameter otherwise."""
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        raise ApiError(400, f"invalid parameter {param}: {first.get('msg')}", param=param,
+                       code="invalid_request") from None
