@@ -25,6 +25,18 @@ def read_token(token_file: Optional[Path], env: str) -> str:
     return token_file.read_text().strip() if token_file else os.environ.get(env, "")
 
 
+def tracker_token(parser, token_file: Optional[Path], env: str, role: str, tracker_ca: Optional[Path],
+                  insecure: bool) -> str:
+    """The role's tracker token, after checking the command line can reach the tracker safely
+    (a CA to verify it, unless --insecure); exits through `parser.error` otherwise."""
+    token = read_token(token_file, env)
+    if not token:
+        parser.error(f"the {role} role token is required: --token-file or ${env}")
+    if tracker_ca is None and not insecure:
+        parser.error("--tracker-ca is required (or --insecure for loopback development)")
+    return token
+
+
 def write_port_file(path: Optional[Path], port: int) -> None:
     """Atomically writes the bound port (launchers poll for the file)."""
     if path is None:

@@ -199,28 +199,11 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        key = _authenticate(gateway, request)
-        body = schema.parse(schema.ChatRequest, await _read_json(request, gateway.config.max_body_bytes))
-        body.check_common()
-        served = _served(gateway, body.model)
-        alternatives = body.alternatives()
-        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
-        prompt_ids = await asyncio.to_thread(_chat_prompt, served, messages)
-        run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
-                          body.stop_strings())
-        return await _respond(request, run, body, "chat", alternatives)
+        return await _generate(gateway, request, schema.ChatRequest, "chat", _chat_prompt)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        key = _authenticate(gateway, request)
-        body = schema.parse(schema.CompletionRequest, await _read_json(request, gateway.config.max_body_bytes))
-        body.check_common()
-        served = _served(gateway, body.model)
-        alternatives = body.alternatives()
-        prompt_ids = await asyncio.to_thread(_completion_prompt, served, body.prompt)
-        run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
-                          body.stop_strings())
-        return await _respond(request, run, body, "text", alternatives)
+        return await _generate(gateway, request, schema.CompletionRequest, "text", _completion_prompt)
 
     return app
 
@@ -278,7 +261,22 @@ async def _describe(gateway: Gateway, name: str) -> dict:
             "meshnet": {"coverage": state, "gaps": gaps, "routable_nodes": nodes}}
 
 
-def _chat_prompt(served: ServedModel, messages: list[dict]) -> list[int]:
+async def _generate(gateway: Gateway, request: Request, body_type: type, kind: str, prompt_of) -> Response:
+    """Key, body, model, prompt (off the event loop: a long prompt takes a while to tokenize),
+    then the generation and its response."""
+    key = _authenticate(gateway, request)
+    body = schema.parse(body_type, await _read_json(request, gateway.config.max_body_bytes))
+    body.check_common()
+    served = _served(gateway, body.model)
+    alternatives = body.alternatives()
+    prompt_ids = await asyncio.to_thread(prompt_of, served, body)
+    run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
+                      body.stop_strings())
+    return await _respond(request, run, body, kind, alternatives)
+
+
+def _chat_prompt(served: ServedModel, body: schema.ChatRequest) -> list[int]:
+    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
     tok = served.tokenizer
     if not tok.chat_template:
         raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "messages")
@@ -290,7 +288,8 @@ def _chat_prompt(served: ServedModel, messages: list[dict]) -> list[int]:
     return tok.encode(text, special=True)
 
 
-def _completion_prompt(served: ServedModel, prompt) -> list[int]:
+def _completion_prompt(served: ServedModel, body: schema.CompletionRequest) -> list[int]:
+    prompt = body.prompt
     tok = served.tokenizer
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:

@@ -26,7 +26,7 @@ from meshnet.gateway.generation import SwarmBackend
 from meshnet.gateway.keys import KeyRing
 from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.identity.keys import Identity
-from meshnet.process import log, read_token, write_port_file
+from meshnet.process import log, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
 
 
@@ -78,11 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     args = parser.parse_args(argv)
 
-    token = read_token(args.token_file, "MESHNET_GATEWAY_TOKEN")
-    if not token:
-        parser.error("the gateway role token is required: --token-file or $MESHNET_GATEWAY_TOKEN")
-    if args.tracker_ca is None and not args.insecure:
-        parser.error("--tracker-ca is required (or --insecure for loopback development)")
+    token = tracker_token(parser, args.token_file, "MESHNET_GATEWAY_TOKEN", "gateway", args.tracker_ca, args.insecure)
     if args.keys_file is None and not args.no_auth:
         parser.error("--keys-file is required (or --no-auth for a private loopback gateway)")
     try:

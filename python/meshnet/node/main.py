@@ -34,7 +34,7 @@ from meshnet.identity.keys import Identity
 from meshnet.node import metrics as node_metrics
 from meshnet.node.backends import GgufBackend, ReferenceBackend
 from meshnet.node.tracker_link import NodeRefused, TrackerLink
-from meshnet.process import log, read_token, stop_on_signals, write_port_file
+from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
@@ -84,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                         "one; read-only, but bind a loopback or private address)")
     parser.add_argument("--metrics-port-file", type=Path, help="write the metrics port here (before --port-file)")
     args = parser.parse_args(argv)
-    token = read_token(args.token_file, "MESHNET_NODE_TOKEN")
-    if not token:
-        parser.error("the node role token is required: --token-file or $MESHNET_NODE_TOKEN")
-    if args.tracker_ca is None and not args.insecure:
-        parser.error("--tracker-ca is required (or --insecure for loopback development)")
+    token = tracker_token(parser, args.token_file, "MESHNET_NODE_TOKEN", "node", args.tracker_ca, args.insecure)
     if not args.gguf.is_file():
         parser.error(f"no GGUF file at {args.gguf}")
     if args.backend == "gguf" and (args.worker_binary is None or not Path(args.worker_binary).is_file()):
