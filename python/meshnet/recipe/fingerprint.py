@@ -21,6 +21,8 @@ from typing import Any, Iterable, Optional, Union
 
 import gguf
 
+from meshnet.recipe.gguf_header import GgufArray, GgufHeader, read_header
+
 PathLike = Union[str, os.PathLike]
 
 CHUNK_BYTES = 8 << 20  # streaming read size for whole-file hashing
@@ -141,32 +143,30 @@ def gguf_summary(path: PathLike) -> GgufSummary:
     return _summarize(_open_reader(path), path)
 
 
-def _open_reader(path: PathLike) -> gguf.GGUFReader:
+def _open_reader(path: PathLike) -> GgufHeader:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        return gguf.GGUFReader(path, "r")
-    except OSError:
-        raise
-    except Exception as e:  # GGUFReader reports malformed input with assorted exception types
+        return read_header(path)
+    except ValueError as e:
         raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
 
-def _field(reader: gguf.GGUFReader, key: str, kind: type, path: PathLike, required: bool = True) -> Any:
-    field = reader.get_field(key)
-    if field is None:
+def _field(reader: GgufHeader, key: str, kind: type, path: PathLike, required: bool = True) -> Any:
+    if key not in reader.metadata:
         if required:
             raise ValueError(f"{path}: GGUF lacks required metadata key {key!r}")
         return None
-    value = field.contents()
+    value = reader.metadata[key]
     if kind is float and isinstance(value, int):
         value = float(value)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"{path}: GGUF key {key!r} is {type(value).__name__}, expected {kind.__name__}")
+        found = "list" if isinstance(value, GgufArray) else type(value).__name__
+        raise ValueError(f"{path}: GGUF key {key!r} is {found}, expected {kind.__name__}")
     return value
 
 
-def _summarize(reader: gguf.GGUFReader, path: PathLike) -> GgufSummary:
+def _summarize(reader: GgufHeader, path: PathLike) -> GgufSummary:
     arch = _field(reader, "general.architecture", str, path)
     tensors = {t.name: t for t in reader.tensors}
     n_layer = _field(reader, f"{arch}.block_count", int, path)
@@ -190,19 +190,21 @@ def _summarize(reader: gguf.GGUFReader, path: PathLike) -> GgufSummary:
     )
 
 
-def _vocab_size(reader: gguf.GGUFReader, arch: str, tensors: dict, path: PathLike) -> int:
+def _vocab_size(reader: GgufHeader, arch: str, tensors: dict, path: PathLike) -> int:
     declared = _field(reader, f"{arch}.vocab_size", int, path, required=False)
     if declared is not None:
         return declared
-    tokens = reader.get_field("tokenizer.ggml.tokens")
+    tokens = reader.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, GgufArray):
+        return tokens.length
     if tokens is not None:
-        return len(tokens.data)
+        raise ValueError(f"{path}: GGUF key 'tokenizer.ggml.tokens' is not an array")
     if TOKEN_EMBD in tensors:
         return int(tensors[TOKEN_EMBD].shape[1])
     raise ValueError(f"{path}: GGUF has no vocab size, tokenizer tokens or {TOKEN_EMBD}")
 
 
-def _file_type(reader: gguf.GGUFReader, tensors: dict, path: PathLike) -> str:
+def _file_type(reader: GgufHeader, tensors: dict, path: PathLike) -> str:
     """general.file_type's name without its ALL_/MOSTLY_ prefix; else the commonest blk matrix type.
 
     The fallback counts only 2-D blk.* weights (norms are F32 in every quantization), ties
@@ -216,7 +218,7 @@ def _file_type(reader: gguf.GGUFReader, tensors: dict, path: PathLike) -> str:
             raise ValueError(f"{path}: unknown general.file_type {declared}") from None
         return name.removeprefix("ALL_").removeprefix("MOSTLY_")
     counts = collections.Counter(
-        t.tensor_type.name for t in tensors.values() if t.name.startswith("blk.") and len(t.shape) >= 2
+        t.ggml_type.name for t in tensors.values() if t.name.startswith("blk.") and len(t.shape) >= 2
     )
     if not counts:
         raise ValueError(f"{path}: GGUF has neither general.file_type nor blk weight matrices")
@@ -231,7 +233,7 @@ def range_fingerprint(path: PathLike, layer_start: int, layer_end: int) -> str:
     """Returns "sha256:<hex>" of the tensors a node serving [layer_start, layer_end) owns.
 
     Each owned tensor has a digest: sha256 of a header line `json.dumps([name, ggml_type_name,
-    shape, n_bytes])` + "\\n" (shape in ggml ne order, as GGUFReader gives it) followed by
+    shape, n_bytes])` + "\\n" (shape in ggml ne order, as the file stores it) followed by
     exactly n_bytes raw tensor bytes. The range fingerprint is sha256 of RANGE_STREAM_MAGIC, then
     a line `name\\tdigest_hex\\n` per owned tensor in name order (`combine_digests`), so anyone
     holding the certified per-tensor digests (the tracker) computes any range's fingerprint
@@ -241,8 +243,8 @@ def range_fingerprint(path: PathLike, layer_start: int, layer_end: int) -> str:
 
 
 def summarize_range(path: PathLike, layer_start: int, layer_end: int) -> tuple[GgufSummary, str]:
-    """(gguf_summary, range_fingerprint) from one parse of the file; parsing (mostly the
-    tokenizer's strings) is the slow part, so a node starting up asks for both at once."""
+    """(gguf_summary, range_fingerprint) from one parse of the file's header, which a node
+    starting up asks for together."""
     reader = _open_reader(path)
     summary = _summarize(reader, path)
     names = owned_tensor_names(summary, (t.name for t in reader.tensors), layer_start, layer_end, path)
@@ -282,15 +284,15 @@ def combine_digests(digests: dict[str, str]) -> str:
     return "sha256:" + hasher.hexdigest()
 
 
-def _tensor_digests(reader: gguf.GGUFReader, path: PathLike, names: Iterable[str]) -> dict[str, str]:
+def _tensor_digests(reader: GgufHeader, path: PathLike, names: Iterable[str]) -> dict[str, str]:
     tensors = {t.name: t for t in reader.tensors}
     out = {}
-    # Tensor bytes are read through the page cache, not the reader's memory map: a node's
-    # control process hashes its range at start-up and must not keep those pages resident.
+    # Tensor bytes are streamed through the page cache, never mapped: a node's control
+    # process hashes its range at start-up and must not keep those pages resident.
     with open(path, "rb") as f:
         for name in names:
             t = tensors[name]
-            header = [name, t.tensor_type.name, [int(d) for d in t.shape], int(t.n_bytes)]
+            header = [name, t.ggml_type.name, list(t.shape), t.n_bytes]
             hasher = hashlib.sha256(json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n")
             f.seek(t.data_offset)
             left = int(t.n_bytes)
