@@ -20,6 +20,11 @@ def log(event: str, **fields: Any) -> None:
     print(json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str), file=sys.stderr, flush=True)
 
 
+def child_env() -> dict[str, str]:
+    """This environment with this interpreter's import path, for `python -m meshnet...` children."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
 def read_token(token_file: Optional[Path], env: str) -> str:
     """A role token from a file, else from the environment variable `env` ('' if neither)."""
     return token_file.read_text().strip() if token_file else os.environ.get(env, "")

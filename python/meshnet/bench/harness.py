@@ -47,6 +47,8 @@ import gguf as gguf_lib
 
 from meshnet.bench import contract, gateway_lane, llama_lanes, report, route_lanes
 from meshnet.bench.measure import RssWatch
+from meshnet.process import child_env
+from meshnet.swarm.local import even_cuts
 from meshnet.swarm.wan import WanLink
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 
@@ -103,11 +105,6 @@ def make_prompts(tokenizer, lengths: list[int], streams: int) -> dict[int, list[
                 ids += tokenizer(rotated + " ")["input_ids"]
             prompts[length].append(ids[:length])
     return prompts
-
-
-def cuts(n_layer: int, k: int) -> list[tuple[int, int]]:
-    bounds = [round(i * n_layer / k) for i in range(k + 1)]
-    return [(bounds[i], bounds[i + 1]) for i in range(k)]
 
 
 def model_facts(path: Path) -> dict:
@@ -195,7 +192,7 @@ class Bench:
                "--threads", str(a.threads), "--out", str(out_file)]
         log = self.work / "transformers.log"
         with open(log, "w") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=_child_env())
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=child_env())
             watch = RssWatch(proc.pid)
             for line in proc.stdout:
                 if line.startswith("{"):
@@ -214,7 +211,7 @@ class Bench:
               wan: Optional[WanLink] = None, insecure: bool = False) -> dict:
         a = self.args
         facts = self.facts(model)
-        lane_cuts = cuts(facts["summary"].n_layer, k)
+        lane_cuts = even_cuts(facts["summary"].n_layer, k)
         extra = {}
         if wan is not None:
             extra = {"host": wan.host, "node_hosts": [wan.node_host(i) for i in range(k)],
@@ -242,7 +239,7 @@ class Bench:
         a = self.args
         short = min(prompts)
         lane = gateway_lane.run_lane(self.work / f"gateway-{a.k}-{model.stem}", model,
-                                     cuts(self.n_layer(model), a.k), a.worker_binary, prompts[short], a.tokens,
+                                     even_cuts(self.n_layer(model), a.k), a.worker_binary, prompts[short], a.tokens,
                                      a.threads, progress)
         lane["notes"].append(f"{a.threads} compute threads per node; swarm and gateway ready in {lane['startup_s']} s")
         return lane
@@ -259,15 +256,10 @@ class Bench:
         out = self.work / f"drift-{model.stem}.json"
         subprocess.run([sys.executable, "-m", "meshnet.bench.drift", "--gguf", str(model), "--dump-logits",
                         str(self.args.dump_logits), "--out", str(out)], check=True, capture_output=True,
-                       env=_child_env())
+                       env=child_env())
         d = json.loads(out.read_text())
         return {"top1_agreement": d["top1_agreement"], "mean_kl": d["mean_kl_transformers_to_gguf"],
                 "max_kl": d["max_kl"], "positions": d["positions"]}
-
-
-def _child_env() -> dict[str, str]:
-    """This interpreter's import path, for `python -m meshnet...` children."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
 
 class LaneUnavailable(Exception):

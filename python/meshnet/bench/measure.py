@@ -15,7 +15,6 @@ receives. Definitions, the same for every lane that yields timestamps:
 from __future__ import annotations
 
 import bisect
-import os
 import statistics
 import threading
 import time

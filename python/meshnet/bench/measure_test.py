@@ -7,6 +7,7 @@ import sys
 
 from meshnet.bench import harness, llama_lanes
 from meshnet.bench.measure import RssWatch, cell_figures, peak_rss_bytes, percentile
+from meshnet.swarm.local import even_cuts
 
 
 def test_single_stream_figures():
@@ -74,7 +75,7 @@ def test_prompts_have_exact_lengths_and_differ():
 
 
 def test_cuts_cover_every_layer():
-    assert harness.cuts(30, 3) == [(0, 10), (10, 20), (20, 30)]
-    assert harness.cuts(30, 1) == [(0, 30)]
-    parts = harness.cuts(31, 4)
+    assert even_cuts(30, 3) == [(0, 10), (10, 20), (20, 30)]
+    assert even_cuts(30, 1) == [(0, 30)]
+    parts = even_cuts(31, 4)
     assert parts[0][0] == 0 and parts[-1][1] == 31 and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))

@@ -32,7 +32,7 @@ import grpc
 from meshnet.identity import tls
 from meshnet.identity.keys import Identity
 from meshnet.node import metrics as node_metrics
-from meshnet.node.backends import GgufBackend, ReferenceBackend
+from meshnet.node.backends import Backend, GgufBackend, ReferenceBackend
 from meshnet.node.tracker_link import NodeRefused, TrackerLink
 from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if cert_pem is not None:
             cert_path = tls.write_private(Path(private) / "shard.crt", cert_pem)
             key_path = tls.write_private(Path(private) / "shard.key", key_pem)
+        backend: Backend  # the node drives either through the one interface
         if args.backend == "gguf":
             backend = GgufBackend(Path(args.worker_binary), args.gguf, (start, end), args.listen, node_id,
                                   threads=args.threads, max_sessions=args.max_sessions,

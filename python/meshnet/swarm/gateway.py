@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 
 from meshnet.gateway.keys import new_key
 from meshnet.identity import tls
-from meshnet.swarm.local import LocalSwarm, _env, _wait_for_port
+from meshnet.process import child_env
+from meshnet.swarm.local import LocalSwarm, wait_for_port
 
 
 class GatewayProcess:
@@ -51,8 +52,8 @@ class GatewayProcess:
         else:
             ca = tls.write_private(self.workdir / "tracker-ca.pem", tracker.ca)
             cmd += ["--tracker-ca", str(ca)]
-        self.proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
-        self.port = _wait_for_port(self.proc, port_file, self.log, timeout, "gateway")
+        self.proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
+        self.port = wait_for_port(self.proc, port_file, self.log, timeout, "gateway")
         return self
 
     def stop(self) -> Optional[int]:

@@ -13,7 +13,6 @@ Invariant: `LocalSwarm.stop()` (or the context manager) ends every child it star
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,16 +24,19 @@ import grpc
 
 from meshnet.identity import tls
 from meshnet.identity.keys import Identity
+from meshnet.process import child_env
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import certify
 from meshnet.tracker.service import new_role_tokens
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+def even_cuts(n_layer: int, nodes: int) -> list[tuple[int, int]]:
+    """[0, n_layer) split into `nodes` contiguous ranges as even as whole layers allow."""
+    bounds = [round(i * n_layer / nodes) for i in range(nodes + 1)]
+    return list(zip(bounds, bounds[1:]))
 
 
-def _wait_for_port(proc: subprocess.Popen, port_file: Path, log: Path, timeout: float, what: str) -> int:
+def wait_for_port(proc: subprocess.Popen, port_file: Path, log: Path, timeout: float, what: str) -> int:
     deadline = time.monotonic() + timeout
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -103,8 +105,8 @@ class TrackerProcess:
         if self.http:
             http_port_file.unlink(missing_ok=True)
             cmd += ["--http-listen", f"{self.host}:{self.http_port}", "--http-port-file", str(http_port_file)]
-        self.proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
-        self.port = _wait_for_port(self.proc, port_file, self.log, 60, "tracker")
+        self.proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
+        self.port = wait_for_port(self.proc, port_file, self.log, 60, "tracker")
         if self.http:  # written before the gRPC port file
             self.http_port = int(http_port_file.read_text())
         return self
@@ -178,11 +180,11 @@ class NodeProcess:
         if self.metrics:
             self._metrics_port_file.unlink(missing_ok=True)
             cmd += ["--metrics-listen", f"{self.host}:0", "--metrics-port-file", str(self._metrics_port_file)]
-        self.proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
+        self.proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         return self
 
     def wait_ready(self, timeout: float = 300) -> "NodeProcess":
-        self.port = _wait_for_port(self.proc, self._port_file, self.log, timeout, f"node {self.name}")
+        self.port = wait_for_port(self.proc, self._port_file, self.log, timeout, f"node {self.name}")
         if self.metrics:  # written before the node's port file
             self.metrics_port = int(self._metrics_port_file.read_text())
         return self

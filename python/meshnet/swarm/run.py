@@ -23,12 +23,8 @@ from meshnet.client.text import stream_text
 from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.process import stop_on_signals
 from meshnet.swarm.gateway import GatewayProcess
-from meshnet.swarm.local import LocalSwarm
-
-
-def even_cuts(n_layer: int, nodes: int) -> list[tuple[int, int]]:
-    bounds = [round(i * n_layer / nodes) for i in range(nodes + 1)]
-    return list(zip(bounds, bounds[1:]))
+from meshnet.recipe.fingerprint import gguf_summary
+from meshnet.swarm.local import LocalSwarm, even_cuts
 
 
 def serve(swarm: LocalSwarm, listen: str) -> int:
@@ -50,7 +46,6 @@ def main() -> int:
     parser.add_argument("prompt", nargs="*", default=["The capital of France is"])
     parser.add_argument("--gguf", type=Path, default=os.environ.get("MESHNET_BUNDLED_GGUF"))
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--n-layer", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--backend", default="gguf", choices=["gguf", "reference"],
                         help="gguf: native llama.cpp workers; reference: HF Transformers shards")
@@ -64,14 +59,18 @@ def main() -> int:
     args = parser.parse_args()
     if args.gguf is None or not Path(args.gguf).is_file():
         parser.error("--gguf PATH is required (bazel run sets the bundled model)")
-    if not 1 <= args.nodes <= args.n_layer:
-        parser.error(f"--nodes must be in 1..{args.n_layer}")
+    try:
+        n_layer = gguf_summary(args.gguf).n_layer  # the split comes from the model itself
+    except ValueError as err:
+        parser.error(str(err))
+    if not 1 <= args.nodes <= n_layer:
+        parser.error(f"--nodes must be in 1..{n_layer} (the model's layers)")
     if args.serve and not (args.listen.rpartition(":")[0] and args.listen.rpartition(":")[2].isdigit()):
         parser.error(f"--listen {args.listen!r}: expected HOST:PORT")
     prompt = " ".join(args.prompt)
     tokenizer = GgufTokenizer.from_gguf(args.gguf)
     with tempfile.TemporaryDirectory(prefix="meshnet-swarm-") as tmp:
-        cuts = even_cuts(args.n_layer, args.nodes)
+        cuts = even_cuts(n_layer, args.nodes)
         print(f"starting tracker + {args.nodes} nodes {cuts} on loopback ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
         worker = Path(args.worker_binary).resolve() if args.worker_binary else None

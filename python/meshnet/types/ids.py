@@ -4,5 +4,3 @@ from typing import NewType
 
 SessionId = NewType("SessionId", str)  # a route session, issued by the tracker
 NodeId = NewType("NodeId", str)  # a registered node
-WorkId = NewType("WorkId", str)  # one step of one session, for logs and tracing
-Epoch = NewType("Epoch", int)  # route epoch; newer epochs fence older ones
