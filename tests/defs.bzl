@@ -19,9 +19,9 @@ def swarm_test(name, srcs, deps = [], **kwargs):
             "MESHNET_WORKER_BINARY": "$(location //cpp/worker:worker)",
         },
         deps = [
-            "//python:client",
-            "//python:reference",
-            "//python:swarm_lib",
+            "//python/meshnet/client",
+            "//python/meshnet/reference",
+            "//python/meshnet/swarm",
             "//tests:route_cases",
         ] + deps,
         **kwargs

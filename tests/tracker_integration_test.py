@@ -5,6 +5,8 @@ for itself, off-route and foreign failure reports, and work accepted only for is
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -58,6 +60,29 @@ def nodes(tracker, keys):
         c.close()
 
 
+@contextlib.contextmanager
+def heartbeating(nodes, keys, names):
+    """Keeps `names` alive (a heartbeat every LEASE/4) while the block runs: on a loaded machine
+    the block can outlast a 1.5 s lease, and what it checks is not about leases."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(LEASE / 4):
+            for name in names:
+                try:
+                    nodes[name].heartbeat(keys[name].node_id)
+                except grpc.RpcError:
+                    pass  # the next beat tries again; the block's own checks see any real failure
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 @pytest.fixture
 def client(tracker):
     with tracker.client() as c:
@@ -77,7 +102,7 @@ def test_routes_leases_and_fencing(client, nodes, keys, tracker):
     assert dark.admission == tt.Admission.DARK and dark.status.ok
 
     ticket_key = client.tracker_key()
-    with ThreadPoolExecutor(max_workers=16) as pool:
+    with heartbeating(nodes, keys, ["n0", "n1", "n2", "n3", "qwen"]), ThreadPoolExecutor(max_workers=16) as pool:
         replies = list(pool.map(lambda i: client.open_route(tt.OpenRouteRequest("smol", f"c{i}", 64)), range(100)))
     assert all(r.status.ok for r in replies)
     assert len({r.session.session_id for r in replies}) == 100
@@ -127,44 +152,45 @@ def test_roles_and_signatures_scope_every_call(tracker, nodes, keys, client):
             call()
         return err.value.code()
 
-    # Clients cannot act as nodes, nodes cannot open routes, and an unknown token is nobody.
-    assert code_of(lambda: client.heartbeat(victim)) == grpc.StatusCode.PERMISSION_DENIED
-    assert code_of(lambda: nodes["n1"].open_route(tt.OpenRouteRequest("smol"))) == grpc.StatusCode.PERMISSION_DENIED
-    with TrackerClient(tracker.address, "wrong-token", Identity.generate(), tracker_ca=tracker.ca) as intruder:
-        assert code_of(lambda: intruder.coverage("smol")) == grpc.StatusCode.UNAUTHENTICATED
-    # A valid token without a valid signature: the request is refused whole.
-    channel = grpc.secure_channel(tracker.address, grpc.ssl_channel_credentials(root_certificates=tracker.ca))
-    method = channel.unary_unary("/meshnet.tracker.v1.Tracker/Coverage")
-    with pytest.raises(grpc.RpcError) as err:
-        method(b"", timeout=5, metadata=(("authorization", f"Bearer {tracker.roles['client']}"),))
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    channel.close()
+    with heartbeating(nodes, keys, ["n0"]):  # the victim stays routable throughout
+        # Clients cannot act as nodes, nodes cannot open routes, and an unknown token is nobody.
+        assert code_of(lambda: client.heartbeat(victim)) == grpc.StatusCode.PERMISSION_DENIED
+        assert code_of(lambda: nodes["n1"].open_route(tt.OpenRouteRequest("smol"))) == grpc.StatusCode.PERMISSION_DENIED
+        with TrackerClient(tracker.address, "wrong-token", Identity.generate(), tracker_ca=tracker.ca) as intruder:
+            assert code_of(lambda: intruder.coverage("smol")) == grpc.StatusCode.UNAUTHENTICATED
+        # A valid token without a valid signature: the request is refused whole.
+        channel = grpc.secure_channel(tracker.address, grpc.ssl_channel_credentials(root_certificates=tracker.ca))
+        method = channel.unary_unary("/meshnet.tracker.v1.Tracker/Coverage")
+        with pytest.raises(grpc.RpcError) as err:
+            method(b"", timeout=5, metadata=(("authorization", f"Bearer {tracker.roles['client']}"),))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        channel.close()
 
-    # A node with the node token acts only for itself: the old take-over, drain and deregister
-    # attacks all fail, and the victim keeps its lease, address and routes.
-    impostor = nodes["impostor"]
-    hijack = tt.RegisterRequest(V1, tt.NodeInfo(victim, "10.6.6.6:1", tt.BackendKind.GGUF, "smol", "llama",
-                                                Fingerprints("sha256:art", "sha256:rec"), "sha256:r",
-                                                tt.LayerRange(0, 30), tt.Capacity(64, 1 << 20, 1), 30,
-                                                keys["impostor"].public_key, ""))
-    assert impostor.register(hijack).status.code == StatusCode.PERMISSION_DENIED
-    assert impostor.heartbeat(victim).status.code == StatusCode.PERMISSION_DENIED
-    assert impostor.drain(victim).status.code == StatusCode.PERMISSION_DENIED
-    assert impostor.deregister(victim).status.code == StatusCode.PERMISSION_DENIED
-    route = client.open_route(tt.OpenRouteRequest("smol", expected_tokens=100))
-    assert [(h.node.node_id, h.node.address) for h in route.hops] == [(victim, "127.0.0.1:9000")]
+        # A node with the node token acts only for itself: the old take-over, drain and deregister
+        # attacks all fail, and the victim keeps its lease, address and routes.
+        impostor = nodes["impostor"]
+        hijack = tt.RegisterRequest(V1, tt.NodeInfo(victim, "10.6.6.6:1", tt.BackendKind.GGUF, "smol", "llama",
+                                                    Fingerprints("sha256:art", "sha256:rec"), "sha256:r",
+                                                    tt.LayerRange(0, 30), tt.Capacity(64, 1 << 20, 1), 30,
+                                                    keys["impostor"].public_key, ""))
+        assert impostor.register(hijack).status.code == StatusCode.PERMISSION_DENIED
+        assert impostor.heartbeat(victim).status.code == StatusCode.PERMISSION_DENIED
+        assert impostor.drain(victim).status.code == StatusCode.PERMISSION_DENIED
+        assert impostor.deregister(victim).status.code == StatusCode.PERMISSION_DENIED
+        route = client.open_route(tt.OpenRouteRequest("smol", expected_tokens=100))
+        assert [(h.node.node_id, h.node.address) for h in route.hops] == [(victim, "127.0.0.1:9000")]
 
-    # Failure reports: only the route's own client, and only naming a hop of the route.
-    with tracker.client() as stranger:
-        assert stranger.report_failure(route.session, victim).status.code == StatusCode.PERMISSION_DENIED
-        assert stranger.close_route(route.session).status.code == StatusCode.PERMISSION_DENIED
-        assert stranger.renew_route(route.session).status.code == StatusCode.PERMISSION_DENIED
-    assert code_of(lambda: nodes["n1"].renew_route(route.session)) == grpc.StatusCode.PERMISSION_DENIED  # role
-    renewed = client.renew_route(route.session)  # the route's own client, beside the refusals
-    assert renewed.status.ok and renewed.lease_ms == route.lease_ms > 0
-    off_route = client.report_failure(route.session, keys["n1"].node_id)
-    assert off_route.status.code == StatusCode.INVALID_ARGUMENT
-    assert client.open_route(tt.OpenRouteRequest("smol")).hops[0].node.node_id == victim  # nobody was banned
+        # Failure reports: only the route's own client, and only naming a hop of the route.
+        with tracker.client() as stranger:
+            assert stranger.report_failure(route.session, victim).status.code == StatusCode.PERMISSION_DENIED
+            assert stranger.close_route(route.session).status.code == StatusCode.PERMISSION_DENIED
+            assert stranger.renew_route(route.session).status.code == StatusCode.PERMISSION_DENIED
+        assert code_of(lambda: nodes["n1"].renew_route(route.session)) == grpc.StatusCode.PERMISSION_DENIED  # role
+        renewed = client.renew_route(route.session)  # the route's own client, beside the refusals
+        assert renewed.status.ok and renewed.lease_ms == route.lease_ms > 0
+        off_route = client.report_failure(route.session, keys["n1"].node_id)
+        assert off_route.status.code == StatusCode.INVALID_ARGUMENT
+        assert client.open_route(tt.OpenRouteRequest("smol")).hops[0].node.node_id == victim  # nobody was banned
 
     # Work: only for the issued triple, once per report id, within the route's expected tokens.
     session = route.session

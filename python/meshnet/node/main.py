@@ -173,8 +173,8 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
     except NodeRefused:
         backend.stop()
         return 2
+    stop = stop_on_signals()  # before the port file: a launcher may signal as soon as it sees it
     write_port_file(args.port_file, int(backend.address.rsplit(":", 1)[1]))
-    stop = stop_on_signals()
     restarts = unanswered = 0
     try:
         while not stop.wait(args.heartbeat_seconds):

@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
         tls=tls is not None, http=http.url if http else None)
     if http is not None:
         write_port_file(args.http_port_file, http.port)
+    stop = stop_on_signals()  # before the port file: a launcher may signal as soon as it sees it
     write_port_file(args.port_file, port)
-    stop = stop_on_signals()
     stop.wait()
     log("stopping")
     if http is not None:

@@ -1,0 +1,23 @@
+"""meshnet_binary: a py_binary at a stable //python label whose entry point lives in a role package.
+
+The role package exports the entry point (exports_files) and its py_library carries the module
+and imports; the binary lists only that file, as Bazel wants `main` among `srcs`.
+
+`flags` maps a command-line flag to a label: the binary gets `FLAG=$(location LABEL)` as a
+default argument (in the dict's order) and the label as data, so the two never disagree.
+"""
+
+def meshnet_binary(name, main, deps, flags = {}):
+    data = []
+    for label in flags.values():
+        if label not in data:
+            data.append(label)
+    native.py_binary(
+        name = name,
+        srcs = [main],
+        main = main,
+        args = ["%s=$(location %s)" % (flag, label) for flag, label in flags.items()],
+        data = data,
+        python_version = "PY3",
+        deps = deps,
+    )
