@@ -21,3 +21,15 @@ def meshnet_binary(name, main, deps, flags = {}):
         python_version = "PY3",
         deps = deps,
     )
+
+def role_library(name, deps = [], visibility = ["//visibility:public"], **kwargs):
+    """The py_library of a python/meshnet/<role>/ package: every module but the tests, importable
+    as meshnet.<role>.* (python/ is the import root)."""
+    native.py_library(
+        name = name,
+        srcs = native.glob(["*.py"], exclude = ["*_test.py"]),
+        imports = ["../.."],
+        visibility = visibility,
+        deps = deps,
+        **kwargs
+    )
