@@ -6,6 +6,7 @@ The live swarm is tests/gateway_test.py's business; this runs a real uvicorn on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import socket
@@ -20,6 +21,7 @@ import uvicorn
 from meshnet.client.session import MeshnetError
 from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel, create_app
 from meshnet.gateway.keys import ApiKey, KeyRing, digest
+from meshnet.gateway.main import server_config
 from meshnet.types import seam as t
 from meshnet.types import tracker as tt
 from meshnet.types.status import Status, StatusCode
@@ -96,17 +98,26 @@ def served():
     keys = KeyRing([ApiKey("alice", digest(KEY), 2), ApiKey("bob", digest(OTHER_KEY), 1)])
     models = [ServedModel(name, FakeTokenizer()) for name in ("fake", *FakeSwarmBackend.FAILURES)]
     gateway = Gateway(models, backend, keys, GatewayConfig(default_max_tokens=32, max_body_bytes=4096))
+    with running(gateway, max_connections=64) as port:
+        yield backend, gateway, port
+
+
+@contextlib.contextmanager
+def running(gateway: Gateway, max_connections: int):
+    """The gateway app under uvicorn as main.py configures it, on a free loopback port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(create_app(gateway), log_level="warning", lifespan="off"))
+    server = uvicorn.Server(server_config(create_app(gateway), max_connections))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    yield backend, gateway, sock.getsockname()[1]
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def request(port: int, method: str, path: str, body=None, key: Optional[str] = KEY, raw: Optional[bytes] = None):
@@ -261,3 +272,25 @@ def test_sse_framing(served):
     assert all(e.startswith("data: ") for e in events[:-1])
     assert "".join(p["choices"][0]["text"] for p in payloads) == "Hello, world!"
     assert all(p["object"] == "text_completion" and p["id"] == payloads[0]["id"] for p in payloads)
+
+
+def test_connections_past_the_limit_are_refused_and_the_held_one_finishes():
+    """A server limited to 1 connection: a second client gets 503 while the first streams; the
+    first is unharmed, and once it is done the next request is served."""
+    backend = FakeSwarmBackend()
+    backend.gap = 0.05  # the held stream lasts about 0.7 s
+    gateway = Gateway([ServedModel("fake", FakeTokenizer())], backend, None, GatewayConfig())
+    with running(gateway, max_connections=1) as port:
+        results = {}
+        held = threading.Thread(target=lambda: results.setdefault(
+            "held", request(port, "POST", "/v1/completions", {"model": "fake", "prompt": "x"}, key=None)))
+        held.start()
+        deadline = time.monotonic() + 5
+        while not backend.started and time.monotonic() < deadline:
+            time.sleep(0.005)
+        status, _, _ = request(port, "GET", "/healthz", key=None)
+        assert status == 503
+        held.join()
+        status, _, data = results["held"]
+        assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"
+        assert request(port, "GET", "/healthz", key=None)[0] == 200

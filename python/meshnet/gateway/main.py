@@ -50,10 +50,22 @@ def bind(listen: str) -> socket.socket:
     return sock
 
 
-def serve(app, sock: socket.socket, port_file: Optional[Path] = None) -> None:
+MAX_REQUEST_HEAD_BYTES = 64 << 10
+
+
+def server_config(app, max_connections: int) -> uvicorn.Config:
+    """uvicorn for the gateway: at most `max_connections` connections and requests at a time (more
+    are answered 503 before anything is parsed), request heads of at most 64 KiB, idle
+    keep-alive connections closed after 5 s. Bodies are bounded by the app (api.py). (uvicorn
+    refuses once its count reaches the limit, the new connection included: hence + 1.)"""
+    return uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+                          limit_concurrency=max_connections + 1, timeout_keep_alive=5,
+                          h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES, server_header=False)
+
+
+def serve(app, sock: socket.socket, max_connections: int, port_file: Optional[Path] = None) -> None:
     """Runs uvicorn on an already bound socket until SIGTERM/SIGINT."""
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, max_connections))
     host, port = sock.getsockname()[:2]
     log("listening", address=f"{host}:{port}", base_url=f"http://{host}:{port}/v1")
     write_port_file(port_file, port)
@@ -75,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="plaintext to the tracker and the hops (loopback development only)")
     parser.add_argument("--default-max-tokens", type=int, default=256)
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    parser.add_argument("--max-connections", type=int, default=1024,
+                        help="connections and requests at a time; more are answered 503")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     args = parser.parse_args(argv)
 
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     gateway = Gateway(models, SwarmBackend(tracker, insecure=args.insecure), keys,
                       GatewayConfig(default_max_tokens=args.default_max_tokens, max_body_bytes=args.max_body_bytes))
     log("gateway", tracker=args.tracker, models=[m.name for m in models], auth=keys is not None)
-    serve(create_app(gateway), sock, args.port_file)
+    serve(create_app(gateway), sock, args.max_connections, args.port_file)
     tracker.close()
     return 0
 
