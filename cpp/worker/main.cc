@@ -22,7 +22,6 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -158,10 +157,6 @@ int main(int argc, char** argv) {
   }
   service_options.insecure = insecure;
   service_options.sessions.max_sessions = max_sessions;
-  // Every session holds a Seam stream, and on the last hop a Results stream too, each on a
-  // thread of its own; with fewer threads (or streams per connection) a full hop stops answering
-  // Health, and clients take a busy hop for a dead one. Never below the old fixed 64.
-  const int server_threads = std::max(64, 2 * max_sessions + 16);
   service_options.sessions.idle = std::chrono::seconds(Int(flags, "idle_seconds", 300));
   service_options.ticket_deadline =
       std::chrono::milliseconds(Int(flags, "ticket_deadline_ms", 10000));
@@ -190,7 +185,7 @@ int main(int argc, char** argv) {
                            &port);
   builder.SetMaxReceiveMessageSize(kMaxFrameBytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             Int(flags, "max_concurrent_streams", server_threads));
+                             Int(flags, "max_concurrent_streams", 32));
   const int keepalive_ms = Int(flags, "keepalive_ms", 2000);
   if (keepalive_ms <= 0) {
     std::cerr << "worker: --keepalive_ms must be positive\n";
@@ -201,7 +196,7 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   grpc::ResourceQuota quota("meshnet-worker");
-  quota.SetMaxThreads(Int(flags, "max_threads", server_threads));
+  quota.SetMaxThreads(Int(flags, "max_threads", 64));
   builder.SetResourceQuota(quota);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -46,6 +46,14 @@ def take_work(channel: grpc.Channel, supervisor_token: str) -> tuple[tt.WorkEntr
                  for w in reply.work)
 
 
+def server_threads(max_sessions: int) -> int:
+    """gRPC threads (and streams per connection) the worker needs so that Health, Hello and new
+    sessions are still answered with every session live: each session holds a Seam stream, and
+    on the last hop a Results stream as well, each on a thread of its own. Fewer, and a busy hop
+    stops answering the Health probe that clients use to tell a slow hop from a dead one."""
+    return 2 * max_sessions + 16
+
+
 class WorkerProcess:
     def __init__(self, binary: Path, gguf: Path, layers: tuple[int, int], host: str, node_id: str, *,
                  threads: int, max_sessions: int, n_ctx: int, tracker_key: bytes,
@@ -55,7 +63,8 @@ class WorkerProcess:
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
                      f"--threads={threads}", f"--max_sessions={max_sessions}", f"--n_ctx={n_ctx}",
-                     f"--max_batch_tokens={MAX_BATCH_TOKENS}",
+                     f"--max_batch_tokens={MAX_BATCH_TOKENS}", f"--max_threads={server_threads(max_sessions)}",
+                     f"--max_concurrent_streams={server_threads(max_sessions)}",
                      f"--node_id={node_id}", f"--tracker_key={tracker_key.hex()}"]
         self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]
         self._cert = tls[0].read_bytes() if tls else None
