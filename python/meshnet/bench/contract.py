@@ -30,6 +30,8 @@ class Outcome:
     measured: Optional[float]  # the ratio (or worst per-node ratio); None when inputs are missing
     required: str  # e.g. ">= 0.95"
     detail: str
+    contract_set: str = "v1"
+    skipped: bool = False  # a when_present check whose lanes did not run
 
 
 def _lanes(results: dict) -> dict:
@@ -65,32 +67,44 @@ def _absolute(check: dict, results: dict) -> Outcome:
 def evaluate(contract: dict, results: dict) -> list[Outcome]:
     outcomes = []
     for check in contract["checks"]:
-        if check.get("kind") == "per_node_rss":
-            outcomes.append(_per_node_rss(check, results))
-            continue
-        if check.get("kind") == "absolute":
-            outcomes.append(_absolute(check, results))
-            continue
-        required = f"{check['op']} {check['ratio']}"
-        value = _figure(results, check["lane"], check["metric"])
-        base = _figure(results, check["baseline_lane"], check["baseline_metric"])
-        if value is None or base is None or base == 0:
-            missing = [f"{lane}.{metric}" for lane, metric, v in ((check["lane"], check["metric"], value),
-                                                                  (check["baseline_lane"], check["baseline_metric"], base))
-                       if v is None or v == 0]
-            outcomes.append(Outcome(check["id"], False, None, required, f"not measured: {', '.join(missing)}"))
-            continue
-        ratio = value / base
-        passed = ratio >= check["ratio"] if check["op"] == ">=" else ratio <= check["ratio"]
-        outcomes.append(Outcome(check["id"], passed, ratio, required,
-                                f"{check['lane']}.{check['metric']}={value:g} / "
-                                f"{check['baseline_lane']}.{check['baseline_metric']}={base:g}"))
+        outcome = _evaluate_one(check, results)
+        skipped = bool(check.get("when_present")) and outcome.measured is None
+        outcomes.append(dataclasses.replace(outcome, contract_set=check.get("set", "v1"), skipped=skipped))
     return outcomes
+
+
+def _evaluate_one(check: dict, results: dict) -> Outcome:
+    if check.get("kind") == "per_node_rss":
+        return _per_node_rss(check, results)
+    if check.get("kind") == "absolute":
+        return _absolute(check, results)
+    required = f"{check['op']} {check['ratio']}"
+    value = _figure(results, check["lane"], check["metric"])
+    base = _figure(results, check["baseline_lane"], check["baseline_metric"])
+    if value is None or base is None or base == 0:
+        missing = [f"{lane}.{metric}" for lane, metric, v in ((check["lane"], check["metric"], value),
+                                                              (check["baseline_lane"], check["baseline_metric"], base))
+                   if v is None or v == 0]
+        return Outcome(check["id"], False, None, required, f"not measured: {', '.join(missing)}")
+    ratio = value / base
+    passed = ratio >= check["ratio"] if check["op"] == ">=" else ratio <= check["ratio"]
+    return Outcome(check["id"], passed, ratio, required,
+                   f"{check['lane']}.{check['metric']}={value:g} / "
+                   f"{check['baseline_lane']}.{check['baseline_metric']}={base:g}")
+
+
+def verdict(o: Outcome) -> str:
+    return "SKIP" if o.skipped else "PASS" if o.passed else "FAIL"
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    counts = {v: sum(verdict(o) == v for o in outcomes) for v in ("PASS", "FAIL", "SKIP")}
+    return f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped"
 
 
 def format_outcome(o: Outcome) -> str:
     measured = "  n/a " if o.measured is None else f"{o.measured:6.3f}"
-    return f"{'PASS' if o.passed else 'FAIL'}  {o.check:40s} {measured}  (needs {o.required}; {o.detail})"
+    return f"{verdict(o)}  {o.contract_set}  {o.check:42s} {measured}  (needs {o.required}; {o.detail})"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -102,9 +116,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     outcomes = evaluate(json.loads(args.contract.read_text()), json.loads(args.results.read_text()))
     for o in outcomes:
         print(format_outcome(o))
-    failed = sum(not o.passed for o in outcomes)
-    print(f"{len(outcomes) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    print(summary(outcomes))
+    return 1 if any(verdict(o) == "FAIL" for o in outcomes) else 0
 
 
 if __name__ == "__main__":

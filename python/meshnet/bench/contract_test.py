@@ -49,7 +49,7 @@ def test_main_prints_every_check_and_fails(tmp_path, capsys):
     (tmp_path / "r.json").write_text(json.dumps({"lanes": {"a": {"decode_tok_s": 1.0}, "b": {"decode_tok_s": 1.0}}}))
     assert contract.main(["--contract", str(tmp_path / "c.json"), "--results", str(tmp_path / "r.json")]) == 1
     out = capsys.readouterr().out
-    assert "PASS  faster" in out and "FAIL  rpc" in out and "1 passed, 4 failed" in out
+    assert "PASS  v1  faster" in out and "FAIL  v1  rpc" in out and "1 passed, 4 failed, 0 skipped" in out
 
 
 def test_absolute_check_and_bench_layout():
@@ -63,7 +63,9 @@ def test_absolute_check_and_bench_layout():
 def test_committed_contract_is_well_formed():
     committed = json.loads(Path(os.environ["MESHNET_CONTRACT"]).read_text())
     ids = [c["id"] for c in committed["checks"]]
-    assert len(ids) == len(set(ids)) == 13  # no check dropped: 11 from issues 8 and 12, 2 from issue 15
+    # no check dropped: 11 from issues 8 and 12, 2 from issue 15 (set v1), 12 from issue 14 (set v2)
+    assert len(ids) == len(set(ids)) == 25
+    assert sum(c.get("set", "v1") == "v1" for c in committed["checks"]) == 13
     for check in committed["checks"]:
         if check.get("kind") == "per_node_rss":
             assert {"lane", "ratio", "slack_mib"} <= set(check)
@@ -72,3 +74,13 @@ def test_committed_contract_is_well_formed():
         else:
             assert {"lane", "metric", "baseline_lane", "baseline_metric", "op", "ratio"} <= set(check)
             assert check["op"] in (">=", "<=") and check["ratio"] > 0
+
+
+def test_when_present_check_is_skipped_not_passed():
+    contract_doc = {"checks": [{"id": "opt", "set": "v2", "when_present": True, "lane": "big", "metric": "m",
+                            "baseline_lane": "base", "baseline_metric": "m", "op": ">=", "ratio": 0.9}]}
+    absent = contract.evaluate(contract_doc, {"lanes": {"base": {"m": 1.0}}})[0]
+    assert absent.skipped and not absent.passed and contract.verdict(absent) == "SKIP" and absent.contract_set == "v2"
+    low = contract.evaluate(contract_doc, {"lanes": {"base": {"m": 1.0}, "big": {"m": 0.5}}})[0]
+    assert contract.verdict(low) == "FAIL" and not low.skipped
+    assert contract.summary([absent, low]) == "0 passed, 1 failed, 1 skipped"

@@ -435,8 +435,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     written = report.write_report(results, out, outcomes)
     for o in outcomes:
         print(contract.format_outcome(o))
-    failed = sum(not o.passed for o in outcomes)
-    print(f"contract: {len(outcomes) - failed} passed, {failed} failed")
+    print(f"contract: {contract.summary(outcomes)}")
     print(f"wrote {out / 'results.json'}, {len(written)} report files under {out} "
           f"({results['meta']['duration_s'] / 60:.1f} min)")
     return 0

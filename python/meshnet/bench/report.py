@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
+from meshnet.bench import contract  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -156,12 +157,11 @@ def _list_text(values: Any) -> str:
 def _contract(outcomes: list) -> list[str]:
     rows = []
     for outcome in outcomes:
-        result = "PASS" if outcome.passed else "FAIL"
-        rows.append([outcome.check, _fmt(outcome.measured, 3), outcome.required, result, _text(outcome.detail)])
-    passed = sum(1 for outcome in outcomes if outcome.passed)
+        result = contract.verdict(outcome)
+        rows.append([f"{outcome.check} ({outcome.contract_set})", _fmt(outcome.measured, 3), outcome.required, result, _text(outcome.detail)])
     lines = ["## Performance contract", ""]
     lines += _table(["check", "measured ratio", "required", "result", "detail"], rows)
-    lines += ["", f"{passed} passed, {len(outcomes) - passed} failed", ""]
+    lines += ["", contract.summary(outcomes), ""]
     return lines
 
 

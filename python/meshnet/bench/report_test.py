@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from meshnet.bench import report
+from meshnet.bench.contract import Outcome
 
 PNG_SIGNATURE = b"\x89PNG"
 MIB = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class FakeOutcome:
-    check: str
-    passed: bool
-    measured: float | None
-    required: str
-    detail: str
 
 
 def _cell(prompt: int, concurrency: int, decode: float, **overrides) -> dict:
@@ -65,8 +56,9 @@ fake_results = {
 }
 
 fake_outcomes = [
-    FakeOutcome("decode_vs_llama_cpp", True, 0.96, ">= 0.95", "fake pass"),
-    FakeOutcome("ttft_vs_llama_cpp", False, None, "<= 1.15", "fake fail: inputs missing"),
+    Outcome("decode_vs_llama_cpp", True, 0.96, ">= 0.95", "fake pass"),
+    Outcome("ttft_vs_llama_cpp", False, None, "<= 1.15", "fake fail: inputs missing"),
+    Outcome("optional_model", False, None, ">= 0.9", "fake: lanes not run", contract_set="v2", skipped=True),
 ]
 
 
@@ -78,9 +70,10 @@ def test_summary_and_plots(tmp_path: Path):
     assert "rpc-server binary not built (fake)" in text
     assert "## Lanes not run" in text
     assert "n/a" in text
-    assert "| decode_vs_llama_cpp | 0.960 | >= 0.95 | PASS |" in text
-    assert "| ttft_vs_llama_cpp | n/a | <= 1.15 | FAIL |" in text
-    assert "1 passed, 1 failed" in text
+    assert "| decode_vs_llama_cpp (v1) | 0.960 | >= 0.95 | PASS |" in text
+    assert "| ttft_vs_llama_cpp (v1) | n/a | <= 1.15 | FAIL |" in text
+    assert "| optional_model (v2) | n/a | >= 0.9 | SKIP |" in text
+    assert "1 passed, 1 failed, 1 skipped" in text
     assert "64/64" in text
     pngs = [path for path in written if path.suffix == ".png"]
     assert {path.name for path in pngs} == {"aggregate_tok_s.png", "ttft.png", "itl.png", "rss.png"}
