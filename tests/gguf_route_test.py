@@ -101,6 +101,23 @@ def test_ledger_holds_every_hops_tokens(swarm, tokenizer):
     assert got == expected, totals
 
 
+def test_ring_decode_takes_the_client_off_the_per_token_path(swarm, tracker, tokenizer, baseline):
+    """Ring decode (ADR 0005): the client writes the prefill and the release, nothing per token,
+    and gets the same tokens as with the client driving every step (ring off)."""
+    prompt = PROMPTS[1]
+    ids = tokenizer(prompt)["input_ids"]
+    ring = RouteSession(tracker, "smollm2")
+    assert list(ring.generate(ids, GenerationParams(max_tokens=TOKENS))) == baseline[prompt]
+    assert ring.frames_sent == 2 and not ring.failovers
+    driven = RouteSession(tracker, "smollm2")
+    assert list(driven.generate(ids, GenerationParams(max_tokens=TOKENS, ring=False))) == baseline[prompt]
+    assert driven.frames_sent == 1 + (TOKENS - 1) + 1
+    short = RouteSession(tracker, "smollm2")  # the last hop stops the ring at max_tokens
+    assert list(short.generate(ids, GenerationParams(max_tokens=3))) == baseline[prompt][:3]
+    elapsed, busy = wait_all_free(swarm, timeout=2.0)
+    assert not busy, busy
+
+
 def test_eight_concurrent_sessions_keep_their_solo_tokens(swarm, tracker, tokenizer, baseline):
     prompts = PROMPTS + MORE_PROMPTS
     with ThreadPoolExecutor(max_workers=8) as pool:

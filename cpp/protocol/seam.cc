@@ -161,6 +161,7 @@ void ToProto(const SeamFrame& in, pb::SeamFrame* out) {
   if (in.fragment) ToProto(*in.fragment, out->mutable_fragment());
   for (const DownstreamHop& hop : in.downstream) ToProto(hop, out->add_downstream());
   if (in.ticket) ToProto(*in.ticket, out->mutable_ticket());
+  out->set_ring(in.ring);
 }
 
 void ToProto(const SeamReply& in, pb::SeamReply* out) {
@@ -281,6 +282,7 @@ void FromProto(const pb::SeamFrame& in, SeamFrame* out) {
   out->downstream.resize(in.downstream_size());
   for (int i = 0; i < in.downstream_size(); ++i) FromProto(in.downstream(i), &out->downstream[i]);
   OptionalFromProto(in.has_ticket(), in.ticket(), &out->ticket);
+  out->ring = in.ring();
 }
 
 void FromProto(const pb::SeamReply& in, SeamReply* out) {

@@ -131,6 +131,7 @@ struct SeamFrame {
   std::optional<TensorFragment> fragment;
   std::vector<DownstreamHop> downstream;  // in order; empty at the last hop
   std::optional<RouteTicket> ticket;      // the receiver's; required until the session is bound
+  bool ring = false;                      // ring decode (shard.proto, SeamFrame.ring)
 };
 
 struct SeamReply {

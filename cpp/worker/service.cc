@@ -98,6 +98,12 @@ struct ShardService::Live {
   std::unique_ptr<Downstream> downstream;
   std::unique_ptr<engine::Sampler> sampler;
   protocol::Reassembler reassembler;
+  // Ring decode. Last hop: the first hop its ticket names (from the session's first frame), the
+  // stream to it once opened, and the tokens sampled so far. First hop: the ring stream's id.
+  std::optional<protocol::DownstreamHop> ring_hop;
+  std::unique_ptr<Downstream> ring;
+  uint64_t generated = 0;
+  uint64_t ring_stream = 0;
 };
 
 ShardService::ShardService(Scheduler* scheduler, const ServiceOptions& options)
@@ -299,6 +305,9 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
   const uint64_t now_ms = NowUnixMs();
   const std::optional<uint64_t> holder = table_.Stream(key);
   const bool bound = holder == stream->id;
+  if (frame.ring && frame.phase == Phase::kDecode && !bound && scheduler_->first()) {
+    return HandleRing(frame, stream, received);  // never opens a session
+  }
   protocol::Ticket ticket;
   if (!bound && table_.FencedOn(key, stream->id)) {
     return Reply(frame, MakeError(Code::kStaleEpoch, "epoch " + std::to_string(key.second) +
@@ -360,6 +369,8 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
       slot->upstream = stream;
       slot->session = *frame.session;
       slot->ticket = ticket;
+      // CheckDownstream held it to the ticket: on the last hop it can only be the ring target.
+      if (scheduler_->last() && !frame.downstream.empty()) slot->ring_hop = frame.downstream[0];
       owned->insert(key);
     }
     live = slot;
@@ -382,6 +393,46 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
     owned->erase(key);
   }
   return reply;
+}
+
+std::optional<protocol::SeamReply> ShardService::HandleRing(const protocol::SeamFrame& frame,
+                                                            const std::shared_ptr<Stream>& stream,
+                                                            Clock::time_point received) {
+  const SessionKey key{frame.session->session_id, frame.session->epoch};
+  std::shared_ptr<Live> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(key);
+    if (it != live_.end()) live = it->second;
+  }
+  const Status gone = MakeError(Code::kNotFound, "ring step for a session not open on this hop");
+  if (live == nullptr) return Reply(frame, gone);
+  std::lock_guard<std::mutex> lock(live->mu);
+  if (live->ended) return Reply(frame, gone);
+  if (live->ring_stream != stream->id) {
+    if (live->ring_stream != 0) {
+      return Reply(frame, MakeError(Code::kPermissionDenied, "session already has a ring stream"));
+    }
+    protocol::Ticket ticket;  // this hop's own ticket for the session, as the client presented
+    Status admitted = CheckTicket(frame.ticket, *frame.session, identity_, NowUnixMs(), &ticket);
+    if (!admitted.ok()) return Reply(frame, admitted);
+    live->ring_stream = stream->id;
+    stream->authenticated = true;
+  }
+  if (frame.range.has_value()) {
+    Status range = CheckEffectiveStart(*frame.range, identity_);
+    if (!range.ok()) return Reply(frame, range);
+  }
+  const std::optional<uint64_t> holder = table_.Stream(key);
+  if (!holder.has_value()) return Reply(frame, gone);
+  SessionInfo info;
+  Status opened = table_.Open(key, *holder, Clock::now(), &info);
+  if (!opened.ok()) return Reply(frame, opened);
+  Status older;
+  std::optional<protocol::SeamReply> replayed = table_.Replay(key, frame.step, &older);
+  if (replayed.has_value()) return replayed;
+  if (!older.ok()) return Reply(frame, older);
+  return Step(key, info, *live, frame, received);
 }
 
 std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
@@ -444,8 +495,11 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   StepOutcome outcome = WaitForStep(ready, *claim, deadline.deadline(), late);
   if (!outcome.first.ok()) return Reply(frame, outcome.first);  // Handle ends a new session
   const uint64_t length = start + count;
+  Status ringed = OkStatus();
   if (scheduler_->last()) {
-    Emit(live, frame, outcome.second, length);
+    uint32_t token = 0;
+    const bool finished = Emit(live, frame, outcome.second, length, &token);
+    if (frame.ring && !finished) ringed = Ring(live, frame, token, length, deadline);
   } else {
     Status forwarded = Forward(live, frame, outcome.second, deadline);
     if (!forwarded.ok()) {  // the step did not happen: take its rows back out of the KV
@@ -456,6 +510,7 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   protocol::SeamReply reply = Reply(frame, OkStatus(), length);
   table_.RecordStep(key, frame.step, reply, length, count, frame.phase == Phase::kDecode);
   live.last_step = frame.step;
+  if (!ringed.ok()) return Reply(frame, ringed, length);  // done here; the ring did not go on
   return reply;
 }
 
@@ -502,21 +557,11 @@ Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
     Status route = CheckDownstream(live.ticket, frame.downstream, false, !options_.insecure);
     if (!route.ok()) return route;
     std::shared_ptr<Stream> upstream = live.upstream;
-    protocol::RouteSession session = live.session;
-    std::atomic<uint64_t>* last_step = &live.last_step;
     Status opened = Downstream::Open(
         frame.downstream[0],
         DownstreamCredentials{options_.insecure, live.ticket.downstream_tls_certificate},
         std::min(deadline.deadline(), Clock::now() + options_.connect_timeout),
-        [upstream] { return upstream->context->IsCancelled(); },
-        [upstream, session, last_step](Status status) {
-          protocol::SeamReply reply;
-          reply.version = protocol::CurrentVersion();
-          reply.session = session;
-          reply.step = last_step->load();
-          reply.status = std::move(status);
-          upstream->Write(reply);
-        },
+        [upstream] { return upstream->context->IsCancelled(); }, ReportUpstream(live),
         &live.downstream);
     if (!opened.ok()) {
       return deadline.Spent(Clock::now()) ? deadline.Exceeded(frame.step, options_.node_id)
@@ -549,8 +594,22 @@ Status ShardService::Forward(Live& live, const protocol::SeamFrame& frame,
   return OkStatus();
 }
 
-void ShardService::Emit(Live& live, const protocol::SeamFrame& frame,
-                        const std::vector<float>& logits, uint64_t length) {
+std::function<void(Status)> ShardService::ReportUpstream(Live& live) {
+  std::shared_ptr<Stream> upstream = live.upstream;
+  protocol::RouteSession session = live.session;
+  std::atomic<uint64_t>* last_step = &live.last_step;  // Live outlives its Downstreams
+  return [upstream, session, last_step](Status status) {
+    protocol::SeamReply reply;
+    reply.version = protocol::CurrentVersion();
+    reply.session = session;
+    reply.step = last_step->load();
+    reply.status = std::move(status);
+    upstream->Write(reply);
+  };
+}
+
+bool ShardService::Emit(Live& live, const protocol::SeamFrame& frame,
+                        const std::vector<float>& logits, uint64_t length, uint32_t* token) {
   if (live.sampler == nullptr) {
     live.sampler = std::make_unique<engine::Sampler>(protocol::SamplingParams());
   }
@@ -559,12 +618,59 @@ void ShardService::Emit(Live& live, const protocol::SeamFrame& frame,
   result.session = frame.session;
   result.step = frame.step;
   result.tokens.push_back(live.sampler->Sample(logits, length));
-  const auto& stops = live.sampler->params().stop_token_ids;
-  if (std::count(stops.begin(), stops.end(), result.tokens[0].token_id)) {
+  *token = result.tokens[0].token_id;
+  ++live.generated;
+  const protocol::SamplingParams& params = live.sampler->params();
+  const auto& stops = params.stop_token_ids;
+  if (std::count(stops.begin(), stops.end(), *token)) {
     result.finish_reason = FinishReason::kStop;
+  } else if (frame.ring && ((params.max_tokens > 0 && live.generated >= params.max_tokens) ||
+                            length + 1 > static_cast<uint64_t>(scheduler_->n_ctx_per_session()))) {
+    result.finish_reason = FinishReason::kLength;  // the ring ends here; the client releases
   }
+  const bool finished = result.finish_reason != FinishReason::kUnspecified;
   result.status = OkStatus();
   results_.Push({frame.session->session_id, frame.session->epoch}, std::move(result), false);
+  return finished;
+}
+
+Status ShardService::Ring(Live& live, const protocol::SeamFrame& frame, uint32_t token,
+                          uint64_t length, const StepDeadline& deadline) {
+  if (!live.ring_hop.has_value()) {
+    return protocol::InvalidArgumentError(
+        "ring decode asked, but the session's first frame named no first hop to ring to");
+  }
+  const bool opening = live.ring == nullptr;
+  if (opening) {
+    std::shared_ptr<Stream> upstream = live.upstream;
+    Status opened = Downstream::Open(
+        *live.ring_hop,
+        DownstreamCredentials{options_.insecure, live.ticket.downstream_tls_certificate},
+        std::min(deadline.deadline(), Clock::now() + options_.connect_timeout),
+        [upstream] { return upstream->context->IsCancelled(); }, ReportUpstream(live),
+        &live.ring);
+    if (!opened.ok()) return opened;
+  }
+  protocol::SeamFrame next;
+  next.version = protocol::CurrentVersion();
+  next.work_id = "ring";
+  next.session = frame.session;
+  next.fingerprints = frame.fingerprints;
+  next.range = live.ring_hop->range;
+  next.phase = Phase::kDecode;
+  next.span = protocol::TokenSpan{length, 1};
+  next.step = frame.step + 1;
+  next.token_ids = {token};
+  next.expected_cache = protocol::CacheState{length};
+  next.ring = true;
+  if (opening) next.ticket = live.ring_hop->ticket;  // binds the ring stream on the first hop
+  if (!live.ring->Send(next)) {
+    Status lost = MakeError(Code::kUnavailable,
+                            "ring to first hop " + live.ring_hop->node_id + " lost", true);
+    lost.hop = live.ring_hop->node_id;
+    return lost;
+  }
+  return OkStatus();
 }
 
 void ShardService::End(const SessionKey& key, FinishReason reason, const Status& status,
@@ -591,6 +697,7 @@ void ShardService::End(const SessionKey& key, FinishReason reason, const Status&
       if (forward != nullptr) live->downstream->Send(NextHopFrame(*forward, live->downstream->hop()));
       live->downstream.reset();  // half-closes and joins its reader
     }
+    live->ring.reset();
   }
   if (scheduler_->last() && close_results) {
     protocol::ResultFrame result;

@@ -14,6 +14,13 @@
 // travels on, and its Results stream closes. A Seam stream that presents no valid ticket within
 // `ticket_deadline` is cancelled.
 //
+// Ring decode (docs/adr/0005-ring-decode.md): for a frame with `ring` set, the last hop, after
+// sampling, sends the next DECODE step itself to the first hop over a Downstream stream it opens
+// to the hop its ticket names (the route's first hop), until a stop token, max_tokens or the KV
+// budget ends the session's tokens. The first hop admits those steps on that second stream (the
+// ring stream: one per session, bound by the first hop's own ticket) through HandleRing, which
+// never opens a session; everything after admission is the same Step as a client's frame.
+//
 // Protobuf types stop here (and in downstream.cc): below, only cpp/protocol's native structs.
 // Threading: the gRPC methods run on gRPC threads; the service owns a reaper thread (idle
 // sessions, unread results, expired fences, unauthenticated streams).
@@ -109,6 +116,9 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   std::optional<protocol::SeamReply> Handle(const meshnet::shard::v1::SeamFrame& message,
                                             const std::shared_ptr<Stream>& stream,
                                             std::set<SessionKey>* owned);
+  std::optional<protocol::SeamReply> HandleRing(const protocol::SeamFrame& frame,
+                                                const std::shared_ptr<Stream>& stream,
+                                                Clock::time_point received);
   std::optional<protocol::SeamReply> Step(const SessionKey& key, const SessionInfo& info,
                                           Live& live, const protocol::SeamFrame& frame,
                                           Clock::time_point received);
@@ -116,8 +126,17 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
                           std::vector<float>* hidden, bool* complete);
   protocol::Status Forward(Live& live, const protocol::SeamFrame& frame,
                            const std::vector<float>& hidden, const StepDeadline& deadline);
-  void Emit(Live& live, const protocol::SeamFrame& frame, const std::vector<float>& logits,
-            uint64_t length);
+  // Samples the step's token into Results; true when it ends the session's tokens (a stop token;
+  // in ring decode also max_tokens or the KV budget), with the finish reason on its frame.
+  bool Emit(Live& live, const protocol::SeamFrame& frame, const std::vector<float>& logits,
+            uint64_t length, uint32_t* token);
+  // Ring decode, last hop: sends the step after `frame` (token at position `length`) to the
+  // route's first hop, opening the ring stream on first use.
+  protocol::Status Ring(Live& live, const protocol::SeamFrame& frame, uint32_t token,
+                        uint64_t length, const StepDeadline& deadline);
+  // Writes an error reply for the session's newest step to its upstream (a Downstream reader's
+  // report about the next hop, or about the ring).
+  static std::function<void(protocol::Status)> ReportUpstream(Live& live);
   void End(const SessionKey& key, protocol::FinishReason reason, const protocol::Status& status,
            const protocol::SeamFrame* forward = nullptr, bool close_results = true);
   protocol::SeamReply Reply(const protocol::SeamFrame& frame, protocol::Status status,

@@ -3,8 +3,12 @@
 The client asks the tracker for a route (a signed ticket per hop), opens one Seam stream to the
 first hop and a Results stream on the last hop, each over TLS pinned to the hop's registered
 certificate, presents the first hop's ticket (the others travel with the frame, one per hop) and
-proves with its key that it opened the route when it reads results; it prefills the prompt,
-then sends one decode step per token it receives.
+proves with its key that it opened the route when it reads results; it prefills the prompt.
+On a route of GGUF hops it asks for ring decode (docs/adr/0005-ring-decode.md): the last hop
+sends each sampled token straight to the first hop as the next step, so the client is off the
+per-token path and only reads Results until the last hop reports a finish reason. Otherwise
+(a reference hop on the route, or GenerationParams.ring off) it sends one decode step per token
+it receives.
 On a hop failure it reports the failing node, takes the new epoch's route and replays prompt +
 tokens already delivered as a fresh prefill, so the caller sees every token exactly once.
 Blame: the client reports a hop as failed only when it saw that hop fail (its own stream to it
@@ -79,6 +83,7 @@ class GenerationParams:
     probe_timeout: float = 1.0  # seconds a hop has to answer Health when a failure is attributed
     route_wait: float = 30.0  # seconds to keep asking for a new route while none is available (retryable)
     top_logprobs: int = 0  # alternatives the last hop returns per token (stream() yields them)
+    ring: bool = True  # ring decode where every hop supports it; False: the client drives each token
 
 
 class _Connection:
@@ -92,6 +97,7 @@ class _Connection:
         # Flow control: frames sent and not yet answered stay below the first hop's last credits.
         self._credit = threading.Condition()
         self._in_flight, self._credits, self._ended = 0, INITIAL_CREDITS, False
+        self.frames_sent = 0  # Seam frames this client wrote (ring decode: prefill and release only)
         first, last = self.hops[0], self.hops[-1]
         for hop in (first, last):
             if hop.ticket is None:
@@ -160,6 +166,7 @@ class _Connection:
                 raise _HopFailure(self.hops[0].node.node_id, Status(
                     StatusCode.UNAVAILABLE, f"the first hop granted no credit for {timeout:g}s", True))
             self._in_flight += 1
+            self.frames_sent += 1
         try:
             self._frames.put(seam.to_proto(frame), timeout=timeout)
         except queue.Full:
@@ -211,6 +218,7 @@ class RouteSession:
         self._cancelled = threading.Event()
         self.failovers: list[tuple[int, str]] = []  # (new epoch, failed node) per failover
         self.ttft: Optional[float] = None  # seconds from generate() to the first token
+        self.frames_sent = 0  # Seam frames written to first hops, all epochs (ring decode: 2 per epoch)
         self._lease_seconds = 0.0  # the current route's lease (0: none given)
         self._renew_at = float("inf")  # monotonic time of the next lease renewal
 
@@ -271,31 +279,40 @@ class RouteSession:
                 reply = self._tracker.report_failure(conn.route, NodeId(failure.node_id), failure.status)
                 self.failovers.append((reply.session.epoch if reply.session else 0, failure.node_id))
             finally:
+                self.frames_sent += conn.frames_sent
                 self._connection = None
 
     def _run(self, conn: _Connection, ids: list[int], params: GenerationParams,
              budget: int) -> Iterator[t.SampledToken]:
-        sampling = t.SamplingParams(params.temperature, params.top_k, params.top_p, params.seed, 0,
-                                    tuple(params.stop_token_ids), params.top_logprobs)
-        downstream = tuple(t.DownstreamHop(h.node.node_id, h.node.address,
-                                           t.ShardRange(h.node.layers.start, h.node.layers.end, h.layers.start),
-                                           h.ticket)
-                           for h in conn.hops[1:])
+        ring = params.ring and tt.ring_decode_capable([h.node for h in conn.hops])
+        # In ring decode the last hop counts the tokens, so it is told the budget.
+        sampling = t.SamplingParams(params.temperature, params.top_k, params.top_p, params.seed,
+                                    budget if ring else 0, tuple(params.stop_token_ids), params.top_logprobs)
+
+        def hop_entry(h: tt.Hop) -> t.DownstreamHop:
+            return t.DownstreamHop(h.node.node_id, h.node.address,
+                                   t.ShardRange(h.node.layers.start, h.node.layers.end, h.layers.start), h.ticket)
+
+        # The ring's last entry is the first hop, with its ticket: the last hop binds the ring with it.
+        downstream = tuple(hop_entry(h) for h in conn.hops[1:]) + ((hop_entry(conn.hops[0]),) if ring else ())
         first = conn.hops[0]
         step = itertools.count(1)
         position = len(ids)
         conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.PREFILL, next(step),
                               range=t.ShardRange(first.node.layers.start, first.node.layers.end, first.layers.start),
                               span=t.TokenSpan(0, len(ids)), token_ids=tuple(ids), expected_cache=t.CacheState(0),
-                              sampling=sampling, downstream=downstream, ticket=first.ticket))
+                              sampling=sampling, downstream=downstream, ticket=first.ticket, ring=ring))
         for produced in range(budget):
             event = self._next_event(conn, params.first_token_timeout if produced == 0 else params.stall_timeout,
                                      params.token_timeout, params.probe_timeout)
             sampled = event.tokens[0]
             token = sampled.token_id
             yield sampled
-            if event.finish_reason == t.FinishReason.STOP or token in params.stop_token_ids or produced + 1 == budget:
+            if event.finish_reason in (t.FinishReason.STOP, t.FinishReason.LENGTH) or \
+                    token in params.stop_token_ids or produced + 1 == budget:
                 return
+            if ring:
+                continue  # the last hop sent this token on to the first hop itself
             conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.DECODE, next(step),
                                   span=t.TokenSpan(position, 1), token_ids=(token,),
                                   expected_cache=t.CacheState(position)))

@@ -167,11 +167,12 @@ def _frame_in(m: pb.SeamFrame) -> t.SeamFrame:
         fragment=_opt(m, "fragment", _fragment_in),
         downstream=tuple(_downstream_in(d) for d in m.downstream),
         ticket=_opt(m, "ticket", _ticket_in),
+        ring=m.ring,
     )
 
 
 def _frame_out(v: t.SeamFrame) -> pb.SeamFrame:
-    m = pb.SeamFrame(work_id=v.work_id, phase=int(v.phase), step=v.step, budget_ms=v.budget_ms)
+    m = pb.SeamFrame(work_id=v.work_id, phase=int(v.phase), step=v.step, budget_ms=v.budget_ms, ring=v.ring)
     _set(m, "version", v.version, _version_out)
     _set(m, "session", v.session, _session_out)
     _set(m, "fingerprints", v.fingerprints, lambda f, x: (setattr(x, "model_artifact", f.model_artifact),

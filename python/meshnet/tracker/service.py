@@ -201,8 +201,10 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
                            client_id)
         expires = route_tickets.now_ms() + self._ticket_ms
         hops = []
+        # The last hop's downstream is the first hop when the route can ring (ADR 0005).
+        ring = reply.hops[0].node if tt.ring_decode_capable([h.node for h in reply.hops]) else None
         for i, hop in enumerate(reply.hops):
-            nxt = reply.hops[i + 1].node if i + 1 < len(reply.hops) else None
+            nxt = reply.hops[i + 1].node if i + 1 < len(reply.hops) else ring
             body = st.TicketBody(
                 session.session_id, session.epoch, hop.node.node_id,
                 st.ShardRange(hop.node.layers.start, hop.node.layers.end, hop.layers.start),

@@ -195,6 +195,7 @@ class SeamFrame:
     fragment: Optional[TensorFragment] = None
     downstream: tuple[DownstreamHop, ...] = ()  # hops after the receiver (first frame of an epoch)
     ticket: Optional[RouteTicket] = None  # the receiver's ticket (first frame of a session on a stream)
+    ring: bool = False  # ring decode: the last hop feeds each sampled token to the first hop (ADR 0005)
 
 
 @dataclasses.dataclass(frozen=True)

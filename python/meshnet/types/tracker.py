@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Optional
+from typing import Optional, Sequence
 
 from meshnet.types.ids import NodeId
 from meshnet.types.seam import Fingerprints, ProtocolVersion, RouteSession, RouteTicket
@@ -19,6 +19,13 @@ class BackendKind(enum.IntEnum):
     UNSPECIFIED = 0
     REFERENCE = 1  # HF Transformers reference shard
     GGUF = 2  # C++ shard worker over patched llama.cpp
+
+
+def ring_decode_capable(nodes: Sequence[Optional["NodeInfo"]]) -> bool:
+    """Ring decode (docs/adr/0005-ring-decode.md) needs every hop of a route to be a GGUF shard
+    worker: the tracker then names the first hop as the last hop's downstream, and the client
+    asks for the ring."""
+    return bool(nodes) and all(n is not None and n.backend == BackendKind.GGUF for n in nodes)
 
 
 class Admission(enum.IntEnum):
