@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from meshnet.bench.copy_prompts import COPY_HEAVY
 from meshnet.client.session import GenerationParams, RouteSession
 from meshnet.reference.model import load_tokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
@@ -114,6 +115,31 @@ def test_ring_decode_takes_the_client_off_the_per_token_path(swarm, tracker, tok
     assert driven.frames_sent == 1 + (TOKENS - 1) + 1
     short = RouteSession(tracker, "smollm2")  # the last hop stops the ring at max_tokens
     assert list(short.generate(ids, GenerationParams(max_tokens=3))) == baseline[prompt][:3]
+    elapsed, busy = wait_all_free(swarm, timeout=2.0)
+    assert not busy, busy
+
+
+def test_speculation_gives_the_tokens_of_plain_decoding(swarm, tracker, tokenizer, baseline):
+    """Speculation in the ring (ADR 0005): the first hop drafts by prompt lookup, every hop runs
+    the drafts, the last hop keeps what greedy agrees with and every hop drops the rest of its
+    KV. Tokens equal single-process llama.cpp's on copy-heavy and ordinary prompts; drafts were
+    both accepted and rejected (so rows were dropped and decoding went on over the right KV)."""
+    def counters() -> tuple[int, int, int]:
+        replies = health(swarm).values()
+        return (sum(h.drafted_tokens for h in replies), sum(h.accepted_drafts for h in replies),
+                sum(h.rewound_rows for h in replies))
+
+    before = counters()
+    for prompt in COPY_HEAVY + PROMPTS[:2]:
+        ids = tokenizer(prompt)["input_ids"]
+        expected = baseline.get(prompt) or llama_cpp_greedy(GREEDY, GGUF, ids, TOKENS)
+        session = RouteSession(tracker, "smollm2")
+        got = list(session.generate(ids, GenerationParams(max_tokens=TOKENS, speculate=8)))
+        assert got == expected, prompt
+        assert session.frames_sent == 2
+    drafted, accepted, rewound = (a - b for a, b in zip(counters(), before))
+    print(f"speculation: {drafted} drafted, {accepted} accepted, {rewound} KV rows dropped over all hops")
+    assert drafted > 0 and 0 < accepted < drafted and rewound > 0, (drafted, accepted, rewound)
     elapsed, busy = wait_all_free(swarm, timeout=2.0)
     assert not busy, busy
 

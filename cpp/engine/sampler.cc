@@ -24,23 +24,35 @@ Sampler::Sampler(const protocol::SamplingParams& params) : params_(params) {
 Sampler::~Sampler() { llama_sampler_free(chain_); }
 
 protocol::SampledToken Sampler::Sample(const std::vector<float>& logits, uint64_t position) {
-  std::vector<llama_token_data> data(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    data[i] = {static_cast<llama_token>(i), logits[i], 0.0f};
+  const uint32_t token = Choose(logits.data(), logits.size());
+  return Describe(logits.data(), logits.size(), token, position);
+}
+
+uint32_t Sampler::Choose(const float* logits, size_t n_vocab) {
+  if (params_.temperature <= 0) {
+    return static_cast<uint32_t>(std::max_element(logits, logits + n_vocab) - logits);
   }
+  std::vector<llama_token_data> data(n_vocab);
+  for (size_t i = 0; i < n_vocab; ++i) data[i] = {static_cast<llama_token>(i), logits[i], 0.0f};
   llama_token_data_array array{data.data(), data.size(), -1, false};
   llama_sampler_apply(chain_, &array);
+  return static_cast<uint32_t>(array.data[array.selected].id);
+}
+
+protocol::SampledToken Sampler::Describe(const float* logits, size_t n_vocab, uint32_t token_id,
+                                         uint64_t position) const {
   protocol::SampledToken token;
-  token.token_id = static_cast<uint32_t>(array.data[array.selected].id);
+  token.token_id = token_id;
   token.position = position;
-  float max = *std::max_element(logits.begin(), logits.end());
+  const float max = *std::max_element(logits, logits + n_vocab);
   double sum = 0;
-  for (float logit : logits) sum += std::exp(double(logit) - max);
-  float log_z = max + static_cast<float>(std::log(sum));
-  token.logprob = logits[token.token_id] - log_z;
-  std::vector<uint32_t> ids(logits.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(i);
-  size_t top = std::min<size_t>(params_.top_logprobs, ids.size());
+  for (size_t i = 0; i < n_vocab; ++i) sum += std::exp(logits[i] - max);
+  const float log_z = max + static_cast<float>(std::log(sum));
+  token.logprob = logits[token_id] - log_z;
+  const size_t top = std::min<size_t>(params_.top_logprobs, n_vocab);
+  if (top == 0) return token;
+  std::vector<uint32_t> ids(n_vocab);
+  for (size_t i = 0; i < n_vocab; ++i) ids[i] = static_cast<uint32_t>(i);
   std::partial_sort(ids.begin(), ids.begin() + top, ids.end(),
                     [&](uint32_t a, uint32_t b) { return logits[a] > logits[b]; });
   for (size_t i = 0; i < top; ++i) token.top.push_back({ids[i], logits[ids[i]] - log_z});

@@ -24,8 +24,16 @@ class Sampler {
 
   const protocol::SamplingParams& params() const { return params_; }
 
-  // Draws the token at `position` from `logits` (n_vocab floats, none NaN).
+  // Draws the token at `position` from `logits` (n_vocab floats, none NaN): Choose, then
+  // Describe.
   protocol::SampledToken Sample(const std::vector<float>& logits, uint64_t position);
+  // The draw alone (what advances a seeded chain): greedy is the first largest logit, as
+  // llama.cpp's greedy sampler picks it. `logits` points at n_vocab floats.
+  uint32_t Choose(const float* logits, size_t n_vocab);
+  // The chosen token with its logprob and the params' top alternatives: no draw, so a caller
+  // on a hot path may send the token on first and describe it after.
+  protocol::SampledToken Describe(const float* logits, size_t n_vocab, uint32_t token,
+                                  uint64_t position) const;
 
  private:
   protocol::SamplingParams params_;

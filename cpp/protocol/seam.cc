@@ -162,6 +162,8 @@ void ToProto(const SeamFrame& in, pb::SeamFrame* out) {
   for (const DownstreamHop& hop : in.downstream) ToProto(hop, out->add_downstream());
   if (in.ticket) ToProto(*in.ticket, out->mutable_ticket());
   out->set_ring(in.ring);
+  out->set_draft_max(in.draft_max);
+  out->mutable_draft_token_ids()->Add(in.draft_token_ids.begin(), in.draft_token_ids.end());
 }
 
 void ToProto(const SeamReply& in, pb::SeamReply* out) {
@@ -283,6 +285,8 @@ void FromProto(const pb::SeamFrame& in, SeamFrame* out) {
   for (int i = 0; i < in.downstream_size(); ++i) FromProto(in.downstream(i), &out->downstream[i]);
   OptionalFromProto(in.has_ticket(), in.ticket(), &out->ticket);
   out->ring = in.ring();
+  out->draft_max = in.draft_max();
+  out->draft_token_ids.assign(in.draft_token_ids().begin(), in.draft_token_ids().end());
 }
 
 void FromProto(const pb::SeamReply& in, SeamReply* out) {

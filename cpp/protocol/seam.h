@@ -132,6 +132,8 @@ struct SeamFrame {
   std::vector<DownstreamHop> downstream;  // in order; empty at the last hop
   std::optional<RouteTicket> ticket;      // the receiver's; required until the session is bound
   bool ring = false;                      // ring decode (shard.proto, SeamFrame.ring)
+  uint32_t draft_max = 0;                 // speculation: the most drafts per ring step
+  std::vector<uint32_t> draft_token_ids;  // speculation: this step's drafted tokens
 };
 
 struct SeamReply {

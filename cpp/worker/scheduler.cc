@@ -228,7 +228,7 @@ void Scheduler::Step(engine::Context& ctx) {
   for (size_t i = 0; i < plan.size(); ++i) {
     Pending& p = *planned[i];
     for (int r = p.done_rows; r < p.done_rows + plan[i].count; ++r) {
-      bool output = !last() || r + 1 == p.rows;
+      bool output = !last() || p.item.all_logits || r + 1 == p.rows;
       if (first()) {
         batch.AddToken(p.item.seq, p.item.pos + r, p.item.tokens[r], output);
       } else {
@@ -256,6 +256,9 @@ void Scheduler::Step(engine::Context& ctx) {
       if (!last()) {
         const float* hidden = ctx.Hidden(row);
         p.out.insert(p.out.end(), hidden, hidden + n_embd_);
+      } else if (p.item.all_logits) {
+        const float* logits = ctx.Logits(row);
+        p.out.insert(p.out.end(), logits, logits + n_vocab_);
       } else if (p.done_rows + r + 1 == p.rows) {
         const float* logits = ctx.Logits(row);
         p.out.assign(logits, logits + n_vocab_);

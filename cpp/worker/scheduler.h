@@ -6,7 +6,7 @@
 // pending items within `max_batch_tokens` (PlanBatch: decode steps first, one row each, then
 // prefill chunks of at most `max_prefill_chunk` rows, oldest first), runs one Decode, and when an
 // item's last row is done hands its output to the item's callback: every row's hidden state
-// (non-last shard) or the logits of its last row (last shard).
+// (non-last shard) or the logits of its last row (last shard; of every row with all_logits).
 //
 // Invariants: at most one slice of a sequence per batch, and an item's rows enter the KV in
 // order; Submit never waits for room (RESOURCE_EXHAUSTED when `max_queue` items are pending);
@@ -81,7 +81,10 @@ struct WorkItem {
   // Not fully decoded by then: dropped (its rows taken back out) with DEADLINE_EXCEEDED.
   Clock::time_point deadline = Clock::time_point::max();
   std::shared_ptr<StepClaim> claim;  // optional: claimed before `done` gets an OK
-  // Engine thread: OK with hidden rows (rows * n_embd) or the last row's logits (n_vocab).
+  // Last shard: the logits of every row (rows * n_vocab), not only the last row's (speculation).
+  bool all_logits = false;
+  // Engine thread: OK with hidden rows (rows * n_embd) or the last row's logits (n_vocab; every
+  // row's with all_logits).
   std::function<void(const protocol::Status&, std::vector<float>)> done;
 };
 

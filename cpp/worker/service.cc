@@ -11,6 +11,7 @@
 #include "cpp/protocol/bundle.h"
 #include "cpp/protocol/tensor.h"
 #include "cpp/worker/downstream.h"
+#include "cpp/worker/draft.h"
 
 namespace meshnet::worker {
 
@@ -104,6 +105,16 @@ struct ShardService::Live {
   std::unique_ptr<Downstream> ring;
   uint64_t generated = 0;
   uint64_t ring_stream = 0;
+  // Speculation. Every hop: the span of its newest step (a ring step may drop that step's rows
+  // past its first). First hop: the tokens its KV holds, the draft budget, what it drafted last
+  // step, and the session's prompt length and max_tokens (drafts stop at max_tokens).
+  uint64_t last_start = 0;
+  uint64_t last_count = 0;
+  std::vector<int32_t> history;
+  DraftBudget drafts;
+  uint32_t last_drafted = 0;
+  uint64_t prompt_length = 0;
+  uint64_t max_tokens = 0;
 };
 
 ShardService::ShardService(Scheduler* scheduler, const ServiceOptions& options)
@@ -225,6 +236,9 @@ grpc::Status ShardService::Health(grpc::ServerContext*, const pb::HealthRequest*
   reply->set_seam_bytes_in(seam_bytes_in_.load());
   reply->set_fence_entries(static_cast<uint32_t>(table_.fence_entries()));
   reply->set_results_readers(static_cast<uint32_t>(results_.readers()));
+  reply->set_drafted_tokens(drafted_tokens_.load());
+  reply->set_accepted_drafts(accepted_drafts_.load());
+  reply->set_rewound_rows(rewound_rows_.load());
   return grpc::Status::OK;
 }
 
@@ -435,14 +449,33 @@ std::optional<protocol::SeamReply> ShardService::HandleRing(const protocol::Seam
   return Step(key, info, *live, frame, received);
 }
 
-std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
-                                                      const SessionInfo& info, Live& live,
-                                                      const protocol::SeamFrame& frame,
+std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key, SessionInfo info,
+                                                      Live& live, const protocol::SeamFrame& in,
                                                       Clock::time_point received) {
-  if (!frame.span.has_value() || frame.span->count == 0) {
-    return Reply(frame, protocol::InvalidArgumentError("prefill/decode frame without a token span"));
+  if (!in.span.has_value() || in.span->count == 0) {
+    return Reply(in, protocol::InvalidArgumentError("prefill/decode frame without a token span"));
   }
+  // Speculation: a ring step that starts inside this hop's previous step drops that step's rows
+  // from its start on (the drafts the last hop rejected); it can rewind no further.
+  if (in.ring && in.span->start < info.length && in.span->start > live.last_start &&
+      info.length == live.last_start + live.last_count) {
+    scheduler_->Truncate(info.seq, static_cast<int32_t>(in.span->start), info.owner);
+    table_.Rewind(key, in.span->start);
+    rewound_rows_.fetch_add(info.length - in.span->start);
+    info.length = in.span->start;
+  }
+  std::optional<protocol::SeamFrame> drafted;  // the first hop's step with its drafts
+  if (scheduler_->first()) {
+    Status checked = CheckTokens(in);
+    if (!checked.ok()) return Reply(in, checked);
+    drafted = Draft(live, in);
+  }
+  const protocol::SeamFrame& frame = drafted.has_value() ? *drafted : in;
   const uint64_t start = frame.span->start, count = frame.span->count;
+  if (!frame.draft_token_ids.empty()) {
+    Status checked = CheckDrafts(frame);
+    if (!checked.ok()) return Reply(frame, checked);
+  }
   if (start != info.length) {
     return Reply(frame, MakeError(Code::kCacheMismatch,
                                   "span starts at " + std::to_string(start) + " but this hop holds " +
@@ -457,19 +490,9 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   item.seq = info.seq;
   item.owner = info.owner;
   item.pos = static_cast<int32_t>(start);
+  item.all_logits = !frame.draft_token_ids.empty();
   if (scheduler_->first()) {
-    if (frame.token_ids.size() != count) {
-      return Reply(frame, protocol::InvalidArgumentError(
-                              std::to_string(frame.token_ids.size()) + " token ids for a span of " +
-                              std::to_string(count)));
-    }
-    for (uint32_t token : frame.token_ids) {
-      if (token >= static_cast<uint32_t>(scheduler_->n_vocab())) {
-        return Reply(frame, protocol::InvalidArgumentError("token id " + std::to_string(token) +
-                                                           " is outside the vocabulary"));
-      }
-      item.tokens.push_back(static_cast<int32_t>(token));
-    }
+    item.tokens.assign(frame.token_ids.begin(), frame.token_ids.end());
   } else {
     bool complete = false;
     Status hidden = Hidden(live, frame, &item.hidden, &complete);
@@ -497,9 +520,13 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   const uint64_t length = start + count;
   Status ringed = OkStatus();
   if (scheduler_->last()) {
-    uint32_t token = 0;
-    const bool finished = Emit(live, frame, outcome.second, length, &token);
-    if (frame.ring && !finished) ringed = Ring(live, frame, token, length, deadline);
+    // The ring goes on before the tokens are described (logprobs) and published.
+    const Sampled sampled = Accept(live, frame, outcome.second);
+    if (frame.ring && sampled.finish == FinishReason::kUnspecified) {
+      const Sampled::Token& next = sampled.tokens.back();
+      ringed = Ring(live, frame, next.id, next.position, deadline);
+    }
+    Publish(live, frame, outcome.second, sampled);
   } else {
     Status forwarded = Forward(live, frame, outcome.second, deadline);
     if (!forwarded.ok()) {  // the step did not happen: take its rows back out of the KV
@@ -510,6 +537,8 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key,
   protocol::SeamReply reply = Reply(frame, OkStatus(), length);
   table_.RecordStep(key, frame.step, reply, length, count, frame.phase == Phase::kDecode);
   live.last_step = frame.step;
+  live.last_start = start;
+  live.last_count = count;
   if (!ringed.ok()) return Reply(frame, ringed, length);  // done here; the ring did not go on
   return reply;
 }
@@ -608,34 +637,123 @@ std::function<void(Status)> ShardService::ReportUpstream(Live& live) {
   };
 }
 
-bool ShardService::Emit(Live& live, const protocol::SeamFrame& frame,
-                        const std::vector<float>& logits, uint64_t length, uint32_t* token) {
+Status ShardService::CheckTokens(const protocol::SeamFrame& frame) const {
+  if (frame.token_ids.size() != frame.span->count) {
+    return protocol::InvalidArgumentError(std::to_string(frame.token_ids.size()) +
+                                          " token ids for a span of " +
+                                          std::to_string(frame.span->count));
+  }
+  for (uint32_t token : frame.token_ids) {
+    if (token >= static_cast<uint32_t>(scheduler_->n_vocab())) {
+      return protocol::InvalidArgumentError("token id " + std::to_string(token) +
+                                            " is outside the vocabulary");
+    }
+  }
+  return OkStatus();
+}
+
+Status ShardService::CheckDrafts(const protocol::SeamFrame& frame) const {
+  const auto& drafts = frame.draft_token_ids;
+  if (!frame.ring || frame.phase != Phase::kDecode || drafts.size() > kMaxDraftTokens ||
+      drafts.size() + 1 != frame.span->count) {
+    return protocol::InvalidArgumentError(
+        std::to_string(drafts.size()) + " drafted tokens for a span of " +
+        std::to_string(frame.span->count) + " (a ring decode step drafts at most " +
+        std::to_string(kMaxDraftTokens) + ", one fewer than its span)");
+  }
+  for (uint32_t token : drafts) {
+    if (token >= static_cast<uint32_t>(scheduler_->n_vocab())) {
+      return protocol::InvalidArgumentError("drafted token id " + std::to_string(token) +
+                                            " is outside the vocabulary");
+    }
+  }
+  return OkStatus();
+}
+
+std::optional<protocol::SeamFrame> ShardService::Draft(Live& live, const protocol::SeamFrame& in) {
+  const uint64_t start = in.span->start, count = in.span->count;
+  if (in.phase == Phase::kPrefill && start == 0) {
+    live.drafts = DraftBudget(in.ring ? std::min<uint32_t>(in.draft_max, kMaxDraftTokens) : 0);
+    live.max_tokens = in.sampling.has_value() ? in.sampling->max_tokens : 0;
+    live.prompt_length = count;
+    live.last_drafted = 0;
+  }
+  live.history.resize(std::min<uint64_t>(start, live.history.size()));
+  live.history.insert(live.history.end(), in.token_ids.begin(), in.token_ids.end());
+  if (!in.ring || in.phase != Phase::kDecode || count != 1 || live.drafts.max() == 0) return std::nullopt;
+  if (live.last_drafted > 0 && start > live.last_start) {
+    live.drafts.Record(live.last_drafted, static_cast<uint32_t>(start - live.last_start - 1));
+  }
+  live.last_drafted = 0;
+  uint64_t k = live.drafts.Next();
+  // Room in the KV, and no more tokens than the session still wants (the step emits up to k+1).
+  const uint64_t room = static_cast<uint64_t>(scheduler_->n_ctx_per_session());
+  k = std::min(k, room > start + 1 ? room - start - 1 : 0);
+  if (live.max_tokens > 0) {
+    const uint64_t emitted = start + 1 > live.prompt_length ? start + 1 - live.prompt_length : 0;
+    k = std::min(k, live.max_tokens > emitted + 1 ? live.max_tokens - emitted - 1 : 0);
+  }
+  if (k == 0) return std::nullopt;
+  std::vector<int32_t> drafts = PromptLookupDraft(live.history, static_cast<uint32_t>(k));
+  if (drafts.empty()) return std::nullopt;
+  live.last_drafted = static_cast<uint32_t>(drafts.size());
+  drafted_tokens_.fetch_add(drafts.size());
+  live.history.insert(live.history.end(), drafts.begin(), drafts.end());
+  protocol::SeamFrame out = in;
+  out.span->count = 1 + drafts.size();
+  out.token_ids.insert(out.token_ids.end(), drafts.begin(), drafts.end());
+  out.draft_token_ids.assign(drafts.begin(), drafts.end());
+  return out;
+}
+
+ShardService::Sampled ShardService::Accept(Live& live, const protocol::SeamFrame& frame,
+                                           const std::vector<float>& logits) {
   if (live.sampler == nullptr) {
     live.sampler = std::make_unique<engine::Sampler>(protocol::SamplingParams());
   }
-  protocol::ResultFrame result;
-  result.version = protocol::CurrentVersion();
-  result.session = frame.session;
-  result.step = frame.step;
-  result.tokens.push_back(live.sampler->Sample(logits, length));
-  *token = result.tokens[0].token_id;
-  ++live.generated;
   const protocol::SamplingParams& params = live.sampler->params();
   const auto& stops = params.stop_token_ids;
-  if (std::count(stops.begin(), stops.end(), *token)) {
-    result.finish_reason = FinishReason::kStop;
-  } else if (frame.ring && ((params.max_tokens > 0 && live.generated >= params.max_tokens) ||
-                            length + 1 > static_cast<uint64_t>(scheduler_->n_ctx_per_session()))) {
-    result.finish_reason = FinishReason::kLength;  // the ring ends here; the client releases
+  const auto& drafts = frame.draft_token_ids;
+  const size_t rows = drafts.empty() ? 1 : drafts.size() + 1;  // rows with logits
+  const size_t n_vocab = static_cast<size_t>(scheduler_->n_vocab());
+  const uint64_t end = frame.span->start + frame.span->count;
+  Sampled out;
+  for (size_t r = 0; r < rows && out.finish == FinishReason::kUnspecified; ++r) {
+    const uint64_t position = end - rows + r + 1;  // row r's logits give the token after it
+    const uint32_t token = live.sampler->Choose(logits.data() + r * n_vocab, n_vocab);
+    out.tokens.push_back({token, position, r});
+    ++live.generated;
+    if (std::count(stops.begin(), stops.end(), token)) {
+      out.finish = FinishReason::kStop;
+    } else if (frame.ring && ((params.max_tokens > 0 && live.generated >= params.max_tokens) ||
+                              position + 1 > static_cast<uint64_t>(scheduler_->n_ctx_per_session()))) {
+      out.finish = FinishReason::kLength;  // the ring ends here; the client releases
+    }
+    if (r < drafts.size() && drafts[r] != token) break;  // the next row's input was a bad draft
   }
-  const bool finished = result.finish_reason != FinishReason::kUnspecified;
-  result.status = OkStatus();
-  results_.Push({frame.session->session_id, frame.session->epoch}, std::move(result), false);
-  return finished;
+  if (!drafts.empty()) accepted_drafts_.fetch_add(out.tokens.size() - 1);
+  return out;
+}
+
+void ShardService::Publish(Live& live, const protocol::SeamFrame& frame,
+                           const std::vector<float>& logits, const Sampled& sampled) {
+  const size_t n_vocab = static_cast<size_t>(scheduler_->n_vocab());
+  for (size_t i = 0; i < sampled.tokens.size(); ++i) {
+    const Sampled::Token& token = sampled.tokens[i];
+    protocol::ResultFrame result;
+    result.version = protocol::CurrentVersion();
+    result.session = frame.session;
+    result.step = frame.step;
+    result.tokens.push_back(live.sampler->Describe(logits.data() + token.row * n_vocab, n_vocab,
+                                                   token.id, token.position));
+    if (i + 1 == sampled.tokens.size()) result.finish_reason = sampled.finish;
+    result.status = OkStatus();
+    results_.Push({frame.session->session_id, frame.session->epoch}, std::move(result), false);
+  }
 }
 
 Status ShardService::Ring(Live& live, const protocol::SeamFrame& frame, uint32_t token,
-                          uint64_t length, const StepDeadline& deadline) {
+                          uint64_t position, const StepDeadline& deadline) {
   if (!live.ring_hop.has_value()) {
     return protocol::InvalidArgumentError(
         "ring decode asked, but the session's first frame named no first hop to ring to");
@@ -658,10 +776,10 @@ Status ShardService::Ring(Live& live, const protocol::SeamFrame& frame, uint32_t
   next.fingerprints = frame.fingerprints;
   next.range = live.ring_hop->range;
   next.phase = Phase::kDecode;
-  next.span = protocol::TokenSpan{length, 1};
+  next.span = protocol::TokenSpan{position, 1};  // before the step's end: drafts were rejected
   next.step = frame.step + 1;
   next.token_ids = {token};
-  next.expected_cache = protocol::CacheState{length};
+  next.expected_cache = protocol::CacheState{position};
   next.ring = true;
   if (opening) next.ticket = live.ring_hop->ticket;  // binds the ring stream on the first hop
   if (!live.ring->Send(next)) {

@@ -79,6 +79,7 @@ struct ServiceOptions {
 };
 
 inline constexpr char kSupervisorMetadata[] = "x-meshnet-supervisor";
+inline constexpr size_t kMaxDraftTokens = 16;  // drafted tokens per speculative ring step
 
 class ShardService final : public meshnet::shard::v1::Shard::Service {
  public:
@@ -119,21 +120,40 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   std::optional<protocol::SeamReply> HandleRing(const protocol::SeamFrame& frame,
                                                 const std::shared_ptr<Stream>& stream,
                                                 Clock::time_point received);
-  std::optional<protocol::SeamReply> Step(const SessionKey& key, const SessionInfo& info,
+  std::optional<protocol::SeamReply> Step(const SessionKey& key, SessionInfo info,
                                           Live& live, const protocol::SeamFrame& frame,
                                           Clock::time_point received);
   protocol::Status Hidden(Live& live, const protocol::SeamFrame& frame,
                           std::vector<float>* hidden, bool* complete);
   protocol::Status Forward(Live& live, const protocol::SeamFrame& frame,
                            const std::vector<float>& hidden, const StepDeadline& deadline);
-  // Samples the step's token into Results; true when it ends the session's tokens (a stop token;
-  // in ring decode also max_tokens or the KV budget), with the finish reason on its frame.
-  bool Emit(Live& live, const protocol::SeamFrame& frame, const std::vector<float>& logits,
-            uint64_t length, uint32_t* token);
-  // Ring decode, last hop: sends the step after `frame` (token at position `length`) to the
-  // route's first hop, opening the ring stream on first use.
+  // First hop: the frame's token ids against its span and the vocabulary.
+  protocol::Status CheckTokens(const protocol::SeamFrame& frame) const;
+  // A speculative ring step's drafted ids: one fewer than its span, at most kMaxDraftTokens.
+  protocol::Status CheckDrafts(const protocol::SeamFrame& frame) const;
+  // First hop: keeps the session's token history and, for a ring decode step of a session that
+  // asked for speculation, returns the step with prompt-lookup drafts appended (else nullopt).
+  std::optional<protocol::SeamFrame> Draft(Live& live, const protocol::SeamFrame& in);
+  // The step's sampled tokens: with drafts, row by row while the sampler agrees with them (so
+  // the tokens are those plain decoding gives), and whether they end the session's tokens.
+  struct Sampled {
+    struct Token {
+      uint32_t id = 0;
+      uint64_t position = 0;
+      size_t row = 0;  // the logits row it was drawn from
+    };
+    std::vector<Token> tokens;
+    // A stop token; in ring decode also max_tokens or the KV budget.
+    protocol::FinishReason finish = protocol::FinishReason::kUnspecified;
+  };
+  Sampled Accept(Live& live, const protocol::SeamFrame& frame, const std::vector<float>& logits);
+  // Describes (logprobs) and pushes them to the session's Results, the finish reason on the last.
+  void Publish(Live& live, const protocol::SeamFrame& frame, const std::vector<float>& logits,
+               const Sampled& sampled);
+  // Ring decode, last hop: sends the step after `frame` (`token` at `position`) to the route's
+  // first hop, opening the ring stream on first use.
   protocol::Status Ring(Live& live, const protocol::SeamFrame& frame, uint32_t token,
-                        uint64_t length, const StepDeadline& deadline);
+                        uint64_t position, const StepDeadline& deadline);
   // Writes an error reply for the session's newest step to its upstream (a Downstream reader's
   // report about the next hop, or about the ring).
   static std::function<void(protocol::Status)> ReportUpstream(Live& live);
@@ -150,6 +170,9 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   ResultsBoard results_;
   std::atomic<uint64_t> seam_frames_in_{0};  // Health counters
   std::atomic<uint64_t> seam_bytes_in_{0};
+  std::atomic<uint64_t> drafted_tokens_{0};
+  std::atomic<uint64_t> accepted_drafts_{0};
+  std::atomic<uint64_t> rewound_rows_{0};
   std::atomic<uint64_t> next_stream_id_{1};
   std::mutex mu_;  // guards live_, streams_, stopping_
   std::map<SessionKey, std::shared_ptr<Live>> live_;

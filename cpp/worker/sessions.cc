@@ -134,6 +134,12 @@ void SessionTable::RecordStep(const SessionKey& key, uint64_t step,
   (decode ? decoded : prefill) += tokens;
 }
 
+void SessionTable::Rewind(const SessionKey& key, uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(key);
+  if (it != sessions_.end()) it->second.length = std::min(it->second.length, length);
+}
+
 std::vector<SessionWork> SessionTable::TakeWork() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<SessionWork> work;

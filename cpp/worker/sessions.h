@@ -97,6 +97,8 @@ class SessionTable {
   // as decode or prefill work in the ledger).
   void RecordStep(const SessionKey& key, uint64_t step, const protocol::SeamReply& reply,
                   uint64_t length, uint64_t tokens, bool decode);
+  // The session now holds positions [0, length) (rows past it were dropped: rejected drafts).
+  void Rewind(const SessionKey& key, uint64_t length);
   // Takes (returns and resets) the work recorded since the last call, ended sessions included.
   std::vector<SessionWork> TakeWork();
 

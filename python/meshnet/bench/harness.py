@@ -47,21 +47,38 @@ import gguf as gguf_lib
 
 from meshnet.bench import contract, gateway_lane, llama_lanes, report, route_lanes
 from meshnet.bench.measure import RssWatch
+from meshnet.bench.route_lanes import RouteOptions
 from meshnet.process import child_env
 from meshnet.swarm.local import even_cuts
 from meshnet.swarm.wan import WanLink
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 
+WAN_DELAYS_MS = (5, 10, 25)  # one-way delay per link in the proxy WAN lanes
+
+
+def wan_lane_names(delay_ms: int) -> tuple[str, ...]:
+    return (f"wan_{delay_ms}ms_gguf_ring_3_nodes", f"wan_{delay_ms}ms_llama_cpp_rpc_3")
+
+
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
-         "gguf_route_3_nodes", "gguf_route_3_nodes_plaintext", "reference_route_3_nodes", "gguf_route_3_nodes_wan",
+         "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
+         "reference_route_3_nodes", "gguf_route_3_nodes_wan",
+         *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
          "gateway_3_nodes")
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
     "llama_cpp_rpc_3": "llama.cpp RPC over {k} local rpc-servers",
     "transformers_single_process": "Transformers fp32, one process",
     "reference_route_3_nodes": "Transformers reference route, {k} nodes",
-    "gguf_route_1_node": "GGUF route, 1 node",
-    "gguf_route_3_nodes": "GGUF route, {k} nodes",
+    "gguf_route_1_node": "GGUF route, 1 node, client-driven decode",
+    "gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode",
+    "gguf_ring_1_node": "GGUF route, 1 node, ring decode",
+    "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
+    **{f"wan_{d}ms_gguf_ring_3_nodes": f"GGUF route, {{k}} nodes, ring decode, {d} ms one-way per link (delay proxy)"
+       for d in WAN_DELAYS_MS},
+    **{f"wan_{d}ms_llama_cpp_rpc_3": f"llama.cpp RPC over {{k}} rpc-servers, {d} ms one-way per link (delay proxy)"
+       for d in WAN_DELAYS_MS},
+    "wan_10ms_gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode, 10 ms one-way per link (delay proxy)",
     "gguf_route_3_nodes_plaintext": "GGUF route, {k} nodes, plaintext links (--insecure; tickets on)",
     "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
     "gateway_3_nodes": "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
@@ -143,6 +160,8 @@ class Bench:
         self.args, self.out, self.work = args, out, work
         self.prompt_lengths = [int(x) for x in args.prompts.split(",")]
         self.concurrency = [int(x) for x in args.concurrency.split(",")]
+        self.wan_prompt_lengths = [int(x) for x in args.wan_prompts.split(",")]
+        self.wan_concurrency = [int(x) for x in args.wan_concurrency.split(",")]
         per_session = -(-(max(self.prompt_lengths) + args.tokens) // 256) * 256
         self.n_ctx = max(self.concurrency) * per_session  # llama.cpp lanes: every stream at once
         # nodes split their KV evenly over max_sessions (at least 8) sessions, each needing per_session
@@ -174,12 +193,19 @@ class Bench:
                          "(batched-bench), so output drift is measured separately (teacher-forced)"]
         return lane
 
-    def llama_rpc(self, model: Path) -> dict:
+    def llama_rpc(self, model: Path, delay_ms: Optional[float] = None) -> dict:
         a = self.args
-        lane = llama_lanes.rpc_split(a.batched_bench, a.rpc_server, model, a.k, self.prompt_lengths, self.concurrency,
-                                     a.tokens, a.threads, self.n_ctx, self.work)
+        prompts, concurrency = self.prompt_lengths, self.concurrency
+        if delay_ms is not None:
+            prompts, concurrency = self.wan_prompt_lengths, self.wan_concurrency
+        lane = llama_lanes.rpc_split(a.batched_bench, a.rpc_server, model, a.k, prompts, concurrency,
+                                     a.tokens, a.threads, self.n_ctx, self.work, delay_ms,
+                                     a.wan_rate_mbit if delay_ms is not None else None)
         lane["notes"] = [f"upstream llama.cpp, every layer offloaded to {a.k} ggml-rpc-servers on loopback "
                          f"(-ngl 99), {a.threads} threads each"]
+        if delay_ms is not None:
+            lane["notes"].append(f"each rpc-server behind a delay proxy: {delay_ms:g} ms one-way, "
+                                 f"{a.wan_rate_mbit:g} Mbit/s per link")
         return lane
 
     def transformers(self, model: Path, prompts: dict, concurrency: list[int], progress: Progress) -> dict:
@@ -208,7 +234,7 @@ class Bench:
                 "notes": [f"fp32, torch threads {a.threads}; c streams run as one batch (lockstep)"]}
 
     def route(self, model: Path, backend: str, k: int, prompts: dict, concurrency: list[int], progress: Progress,
-              wan: Optional[WanLink] = None, insecure: bool = False) -> dict:
+              wan: Optional[WanLink] = None, options: RouteOptions = RouteOptions()) -> dict:
         a = self.args
         facts = self.facts(model)
         lane_cuts = even_cuts(facts["summary"].n_layer, k)
@@ -216,9 +242,11 @@ class Bench:
         if wan is not None:
             extra = {"host": wan.host, "node_hosts": [wan.node_host(i) for i in range(k)],
                      "node_prefixes": [wan.prefix(i) for i in range(k)]}
-        workdir = self.work / f"{backend}-{k}-{model.stem}{'-wan' if wan else ''}{'-plaintext' if insecure else ''}"
+        workdir = self.work / (f"{backend}-{k}-{model.stem}{'-wan' if wan else ''}"
+                               f"{'-plaintext' if options.insecure else ''}{'-ring' if options.ring else ''}"
+                               f"{f'-delay{options.delay_ms:g}' if options.delay_ms is not None else ''}")
         result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts, concurrency,
-                                      a.tokens, a.threads, self.node_kv_tokens, progress, insecure=insecure, **extra)
+                                      a.tokens, a.threads, self.node_kv_tokens, progress, options=options, **extra)
         processes, nodes = [], []
         for node, cut in zip(result["nodes"], lane_cuts):
             processes += node["processes"]
@@ -227,8 +255,13 @@ class Bench:
             nodes.append({"node": node["node"], "layers": list(cut), "peak_rss_bytes": rss,
                           "weight_bytes": facts["weight_bytes"](*cut), "kv_bytes": kv})
         notes = [f"{backend} backend, {a.threads} compute threads per node, swarm ready in {result['startup_s']} s",
-                 "plaintext links (--insecure), route tickets checked" if insecure else
-                 "TLS on every link (pinned certificates), route tickets checked"]
+                 "plaintext links (--insecure), route tickets checked" if options.insecure else
+                 "TLS on every link (pinned certificates), route tickets checked",
+                 "ring decode: the last hop sends each token to the first hop" if options.ring else
+                 "client-driven decode: the client sends each decode step"]
+        if options.delay_ms is not None:
+            notes.append(f"every link into a node through a delay proxy: {options.delay_ms:g} ms one-way, "
+                         f"{options.rate_mbit:g} Mbit/s")
         if backend == "reference":
             notes.append("the reference shard does not report compute time, so seam overhead is n/a")
         return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
@@ -276,11 +309,20 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "gguf_route_1_node": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress),
         "gguf_route_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress),
         "gguf_route_3_nodes_plaintext": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                            insecure=True),
+                                                            options=RouteOptions(insecure=True)),
+        "gguf_ring_1_node": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress,
+                                                options=RouteOptions(ring=True)),
+        "gguf_ring_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                 options=RouteOptions(ring=True)),
+        "wan_10ms_gguf_route_3_nodes": lambda: proxy_wan_lane(bench, model, prompts, progress, 10, ring=False),
         "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
         "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
         "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),
     }
+    for d in WAN_DELAYS_MS:
+        ring_lane, rpc_lane = wan_lane_names(d)
+        runners[ring_lane] = lambda d=d: proxy_wan_lane(bench, model, prompts, progress, d, ring=True)
+        runners[rpc_lane] = lambda d=d: bench.llama_rpc(model, delay_ms=d)
     for name in names:
         lanes[name] = bench.lane(name, runners[name], progress, k)
     reference = lanes.get("transformers_single_process", {}).get("tokens", {})
@@ -306,6 +348,15 @@ def wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress) -> di
     return lane
 
 
+def proxy_wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress, delay_ms: float,
+                   ring: bool) -> dict:
+    """A GGUF route of K nodes, each behind a DelayProxy (every link into a node delayed)."""
+    a = bench.args
+    wan_prompts = {length: prompts[length] for length in bench.wan_prompt_lengths}
+    return bench.route(model, "gguf", a.k, wan_prompts, bench.wan_concurrency, progress,
+                       options=RouteOptions(ring=ring, delay_ms=delay_ms, rate_mbit=a.wan_rate_mbit))
+
+
 def contract_figures(results: dict) -> dict:
     """The flat per-lane figures docs/performance-contract.json names."""
     lanes = {}
@@ -318,9 +369,16 @@ def contract_figures(results: dict) -> dict:
                "ttft_ms_prompt_512": _cell(lane, 512, 1).get("ttft_ms"),
                "aggregate_tok_s_c8": _cell(lane, short, 8).get("aggregate_tok_s"),
                "peak_rss_bytes": lane.get("peak_rss_bytes")}
+        for metric in ("overhead_ms_per_token_per_hop", "itl_p50_over_model_ms", "itl_p95_over_model_ms",
+                       "decode_compute_ms_per_token", "itl_p50_ms", "itl_p95_ms"):
+            fig[metric] = _cell(lane, short, 1).get(metric)
         if lane.get("nodes"):
             fig["nodes"] = lane["nodes"]
             fig["sum_node_peak_rss_bytes"] = sum(n["peak_rss_bytes"] for n in lane["nodes"])
+        controls = [p["peak_rss_bytes"] for p in lane.get("processes", [])
+                    if p.get("role", "").endswith("node (python)") and p.get("peak_rss_bytes")]
+        if controls:
+            fig["max_node_control_peak_rss_mib"] = max(controls) / (1 << 20)
         fig.update(lane.get("figures", {}))  # lanes with figures of their own (the gateway lane)
         lanes[name] = {k: v for k, v in fig.items() if v is not None}
     if "llama_cpp_single_process" in lanes:  # lane 1's batched figures, as the contract names them

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from meshnet.bench.delay_proxy import DelayProxy
 from meshnet.bench.measure import RssWatch, peak_rss_bytes
 from meshnet.process import free_port
 
@@ -70,20 +71,29 @@ def single_process(binary: Path, gguf: Path, prompts: Sequence[int], concurrency
 
 
 def rpc_split(binary: Path, rpc_server: Path, gguf: Path, servers: int, prompts: Sequence[int],
-              concurrency: Sequence[int], tokens: int, threads: int, n_ctx: int, workdir: Path) -> dict:
+              concurrency: Sequence[int], tokens: int, threads: int, n_ctx: int, workdir: Path,
+              delay_ms: Optional[float] = None, rate_mbit: Optional[float] = None) -> dict:
+    """With `delay_ms`, the client reaches each rpc-server through a DelayProxy (that one-way
+    delay and `rate_mbit` on each link), as the GGUF route's WAN lanes reach each node."""
     ports = [free_port() for _ in range(servers)]
     logs = [open(workdir / f"rpc-server-{i}.log", "w") for i in range(servers)]
     procs = [subprocess.Popen([str(rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
                               stdout=log, stderr=subprocess.STDOUT) for port, log in zip(ports, logs)]
+    proxies = []
     try:
         _wait_listening(ports, procs)
+        if delay_ms is not None:
+            proxies = [DelayProxy(delay_ms, rate_mbit, target=("127.0.0.1", port)) for port in ports]
+        dialed = [p.port for p in proxies] or ports
         cmd = _command(binary, gguf, prompts, concurrency, tokens, threads, n_ctx)
-        cmd += ["--rpc", ",".join(f"127.0.0.1:{p}" for p in ports), "-ngl", "99"]
+        cmd += ["--rpc", ",".join(f"127.0.0.1:{p}" for p in dialed), "-ngl", "99"]
         text, client_rss = _run(cmd, workdir / "llama_cpp_rpc.log")
         processes = [{"role": "llama-batched-bench (RPC client)", "peak_rss_bytes": client_rss}]
         for i, proc in enumerate(procs):
             processes.append({"role": f"ggml-rpc-server {i}", "peak_rss_bytes": peak_rss_bytes(proc.pid)})
     finally:
+        for proxy in proxies:
+            proxy.close()
         for proc in procs:
             proc.terminate()
             proc.wait()

@@ -6,10 +6,19 @@ route session and records the time of every token. Around each cell the harness 
 shard's Health (batches, rows, compute time, SeamFrames in) and samples it every 100 ms while
 the cell runs (queue depth, live sessions, KV cells). Peak RSS of each node's processes (the
 Python node and, for GGUF, its worker) is read from /proc before the swarm stops.
+
+RouteOptions say how the lane drives the route: TLS or plaintext links, ring decode or the
+client driving each token, and WAN links: with `delay_ms` every node registers the address of a
+DelayProxy in front of it (bench/delay_proxy.py), so every link into a node (client to first
+hop, hop to hop, the ring back to the first hop, the Results stream) carries that one-way delay
+and rate. The harness's own Health probes dial the nodes directly. In single-stream cells the
+probe also reads the hops' compute time when the first token arrives, so the decode compute per
+token is known apart from prefill, and with it the latency model: hops' compute + N x delay.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -18,6 +27,7 @@ from typing import Callable, Optional, Sequence
 import grpc
 import psutil
 
+from meshnet.bench.delay_proxy import DelayProxy
 from meshnet.bench.measure import cell_figures, peak_rss_bytes, rounded
 from meshnet.client.session import GenerationParams, RouteSession
 from meshnet.protocol.tracker_client import TrackerClient
@@ -25,6 +35,14 @@ from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
 
 Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteOptions:
+    insecure: bool = False  # plaintext links (route tickets still checked)
+    ring: bool = False  # ring decode; False: the client sends each decode step (the v1 lanes)
+    delay_ms: Optional[float] = None  # one-way delay of every link into a node (a DelayProxy)
+    rate_mbit: Optional[float] = None  # and its rate (None: unlimited)
 
 
 class HealthProbe:
@@ -65,26 +83,31 @@ class HealthProbe:
             self.max_kv_cells = max(self.max_kv_cells, max(r.kv_cells_used for r in replies))
 
 def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.Event, times: list[float],
-            out: list[int], errors: list[str], insecure: bool) -> None:
-    session = RouteSession(tracker, "bench-model", client_id="bench", insecure=insecure)
+            out: list[int], errors: list[str], options: RouteOptions,
+            on_first: Optional[Callable[[], None]] = None) -> None:
+    session = RouteSession(tracker, "bench-model", client_id="bench", insecure=options.insecure)
     go.wait()
     try:
-        for token in session.generate(ids, GenerationParams(max_tokens=tokens)):
+        for token in session.generate(ids, GenerationParams(max_tokens=tokens, ring=options.ring)):
             times.append(time.perf_counter())
             out.append(token)
+            if on_first is not None and len(out) == 1:
+                on_first()
     except Exception as e:  # noqa: BLE001 - a failed stream is a measured failure, not a crash
         errors.append(f"{type(e).__name__}: {e}")
 
 
 def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[int]], tokens: int,
-             insecure: bool = False) -> dict:
+             options: RouteOptions = RouteOptions(), hops: int = 1) -> dict:
     c = len(prompts)
     times: list[list[float]] = [[] for _ in range(c)]
     outs: list[list[int]] = [[] for _ in range(c)]
     errors: list[str] = []
     go = threading.Event()
+    at_first: list = []
+    on_first = (lambda: at_first.append(probe.snapshot())) if c == 1 else None
     threads = [threading.Thread(target=_stream, args=(tracker, prompts[i], tokens, go, times[i], outs[i], errors,
-                                                          insecure))
+                                                          options, on_first))
                for i in range(c)]
     for th in threads:
         th.start()
@@ -111,6 +134,14 @@ def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[
     if c == 1 and times[0] and compute_s > 0:
         # one stream: hops run one after another, so what is not compute is seams and client
         cell["seam_overhead_ms"] = max(0.0, (times[0][-1] - t0) - compute_s) / len(times[0]) * 1000
+        cell["overhead_ms_per_token_per_hop"] = cell["seam_overhead_ms"] / hops
+    if c == 1 and at_first and len(outs[0]) > 1:
+        decode_us = sum(a.compute_us - f.compute_us for a, f in zip(after, at_first[0]))
+        cell["decode_compute_ms_per_token"] = decode_us / 1000 / (len(outs[0]) - 1)
+        if options.delay_ms is not None and cell.get("itl_p50_ms") is not None:
+            cell["model_itl_ms"] = cell["decode_compute_ms_per_token"] + hops * options.delay_ms
+            cell["itl_p50_over_model_ms"] = cell["itl_p50_ms"] - cell["model_itl_ms"]
+            cell["itl_p95_over_model_ms"] = cell["itl_p95_ms"] - cell["model_itl_ms"]
     if errors:
         cell["errors"] = sorted(set(errors))[:5]
     return rounded(cell), outs
@@ -130,27 +161,39 @@ def node_memory(swarm: LocalSwarm) -> list[dict]:
 def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend: str, worker: Optional[Path],
              prompts: dict[int, list[list[int]]], concurrency: Sequence[int], tokens: int, threads: int,
              max_kv_tokens: int, progress: Progress, *, host: str = "127.0.0.1", node_hosts: Sequence[str] = (),
-             node_prefixes: Sequence[Sequence[str]] = (), insecure: bool = False) -> dict:
-    """`insecure`: plaintext links (route tickets are still checked), to measure what TLS costs."""
+             node_prefixes: Sequence[Sequence[str]] = (), options: RouteOptions = RouteOptions()) -> dict:
     started = time.perf_counter()
-    with LocalSwarm(workdir, gguf, cuts, model="bench-model", backend=backend, worker_binary=worker,
-                    threads=threads, max_sessions=max(max(concurrency), 8), max_kv_tokens=max_kv_tokens, host=host,
-                    node_hosts=node_hosts, node_prefixes=node_prefixes, insecure=insecure) as swarm:
-        startup_s = time.perf_counter() - started
-        with swarm.client() as tracker:
-            channels = swarm.shard_channels()
-            probe = HealthProbe([channels[node_id] for node_id in swarm.nodes])
-            run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4, insecure)  # warm-up
-            cells, tokens_c1 = [], {}
-            for length, streams in prompts.items():
-                for c in concurrency:
-                    progress(f"prompt {length}, concurrency {c}")
-                    cell, outs = run_cell(tracker, probe, streams[:c], tokens, insecure)
-                    cells.append(cell)
-                    if c == 1:
-                        tokens_c1[length] = outs[0]
-            health = probe.snapshot()
-        nodes = node_memory(swarm)
+    proxies = [DelayProxy(options.delay_ms, options.rate_mbit) for _ in cuts] if options.delay_ms is not None else []
+    try:
+        with LocalSwarm(workdir, gguf, cuts, model="bench-model", backend=backend, worker_binary=worker,
+                        threads=threads, max_sessions=max(max(concurrency), 8), max_kv_tokens=max_kv_tokens, host=host,
+                        node_hosts=node_hosts, node_prefixes=node_prefixes, insecure=options.insecure,
+                        node_advertise=[p.address for p in proxies]) as swarm:
+            for proxy, node in zip(proxies, swarm.nodes.values()):  # nodes in cut order
+                proxy.target = (node.host, node.port)
+            startup_s = time.perf_counter() - started
+            return _measure(swarm, prompts, concurrency, tokens, progress, options, len(cuts), startup_s)
+    finally:
+        for proxy in proxies:
+            proxy.close()
+
+
+def _measure(swarm: LocalSwarm, prompts: dict[int, list[list[int]]], concurrency: Sequence[int], tokens: int,
+             progress: Progress, options: RouteOptions, hops: int, startup_s: float) -> dict:
+    with swarm.client() as tracker:
+        channels = swarm.shard_channels(direct=True)
+        probe = HealthProbe([channels[node_id] for node_id in swarm.nodes])
+        run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4, options, hops)  # warm-up
+        cells, tokens_c1 = [], {}
+        for length, streams in prompts.items():
+            for c in concurrency:
+                progress(f"prompt {length}, concurrency {c}")
+                cell, outs = run_cell(tracker, probe, streams[:c], tokens, options, hops)
+                cells.append(cell)
+                if c == 1:
+                    tokens_c1[length] = outs[0]
+        health = probe.snapshot()
+    nodes = node_memory(swarm)
     for node, reply in zip(nodes, health):
         node["kv_cells_total"] = reply.kv_cells_total
     return {"cells": cells, "tokens": tokens_c1, "nodes": nodes, "startup_s": round(startup_s, 1)}

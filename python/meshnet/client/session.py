@@ -84,6 +84,7 @@ class GenerationParams:
     route_wait: float = 30.0  # seconds to keep asking for a new route while none is available (retryable)
     top_logprobs: int = 0  # alternatives the last hop returns per token (stream() yields them)
     ring: bool = True  # ring decode where every hop supports it; False: the client drives each token
+    speculate: int = 0  # ring decode only: the most tokens the first hop drafts per step (prompt lookup; 0 = off)
 
 
 class _Connection:
@@ -301,7 +302,8 @@ class RouteSession:
         conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.PREFILL, next(step),
                               range=t.ShardRange(first.node.layers.start, first.node.layers.end, first.layers.start),
                               span=t.TokenSpan(0, len(ids)), token_ids=tuple(ids), expected_cache=t.CacheState(0),
-                              sampling=sampling, downstream=downstream, ticket=first.ticket, ring=ring))
+                              sampling=sampling, downstream=downstream, ticket=first.ticket, ring=ring,
+                              draft_max=params.speculate if ring else 0))
         for produced in range(budget):
             event = self._next_event(conn, params.first_token_timeout if produced == 0 else params.stall_timeout,
                                      params.token_timeout, params.probe_timeout)

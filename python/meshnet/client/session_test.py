@@ -41,7 +41,7 @@ def conn():
     c.hops = (SimpleNamespace(node=SimpleNamespace(node_id="n-first")),)
     c._frames = queue.Queue(maxsize=session.MAX_QUEUED_FRAMES)
     c._credit = threading.Condition()
-    c._in_flight, c._credits, c._ended = 0, 2, False
+    c._in_flight, c._credits, c._ended, c.frames_sent = 0, 2, False, 0
     c._seam = FakeReplies()
     reader = threading.Thread(target=c._read_seam, daemon=True)
     reader.start()

@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-binary", type=Path, default=os.environ.get("MESHNET_WORKER_BINARY"),
                         help="the native worker (cpp/worker), for --backend gguf")
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port of the shard service")
+    parser.add_argument("--advertise", help="host:port registered with the tracker, where peers dial this node, when "
+                        "it is not the bound --listen address (a port forward or a proxy in front of it)")
     parser.add_argument("--max-sessions", type=int, default=16)
     parser.add_argument("--max-kv-tokens", type=int, default=32768)
     parser.add_argument("--threads", type=int, default=1, help="compute threads")
@@ -89,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no GGUF file at {args.gguf}")
     if args.backend == "gguf" and (args.worker_binary is None or not Path(args.worker_binary).is_file()):
         parser.error("--backend gguf needs --worker-binary (or $MESHNET_WORKER_BINARY) naming cpp/worker's binary")
-    if args.metrics_listen:
-        try:
-            parse_listen(args.metrics_listen)
-        except ValueError as err:
-            parser.error(f"--metrics-listen: {err}")
+    for flag, value in (("--metrics-listen", args.metrics_listen), ("--advertise", args.advertise)):
+        if value:
+            try:
+                parse_listen(value)
+            except ValueError as err:
+                parser.error(f"{flag}: {err}")
     start, end = args.layers
 
     try:
@@ -165,7 +168,7 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
         return entries
 
     def node_info() -> tt.NodeInfo:
-        return dataclasses.replace(info, address=backend.address)
+        return dataclasses.replace(info, address=args.advertise or backend.address)
 
     link = TrackerLink(tracker, node_info)
     try:

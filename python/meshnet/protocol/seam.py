@@ -168,11 +168,15 @@ def _frame_in(m: pb.SeamFrame) -> t.SeamFrame:
         downstream=tuple(_downstream_in(d) for d in m.downstream),
         ticket=_opt(m, "ticket", _ticket_in),
         ring=m.ring,
+        draft_max=m.draft_max,
+        draft_token_ids=tuple(m.draft_token_ids),
     )
 
 
 def _frame_out(v: t.SeamFrame) -> pb.SeamFrame:
-    m = pb.SeamFrame(work_id=v.work_id, phase=int(v.phase), step=v.step, budget_ms=v.budget_ms, ring=v.ring)
+    m = pb.SeamFrame(work_id=v.work_id, phase=int(v.phase), step=v.step, budget_ms=v.budget_ms, ring=v.ring,
+                     draft_max=v.draft_max)
+    m.draft_token_ids.extend(v.draft_token_ids)
     _set(m, "version", v.version, _version_out)
     _set(m, "session", v.session, _session_out)
     _set(m, "fingerprints", v.fingerprints, lambda f, x: (setattr(x, "model_artifact", f.model_artifact),

@@ -135,9 +135,11 @@ class NodeProcess:
     def __init__(self, workdir: Path, tracker: TrackerProcess, gguf: Path, model: str, layers: tuple[int, int],
                  name: str, *, backend: str = "reference", max_sessions: int = 16, threads: int = 1,
                  worker_binary: Optional[Path] = None, host: str = "127.0.0.1", prefix: Sequence[str] = (),
-                 max_kv_tokens: Optional[int] = None, metrics: bool = False) -> None:
+                 max_kv_tokens: Optional[int] = None, metrics: bool = False, advertise: str = "") -> None:
         """`prefix` runs the node under another command (e.g. `ip netns exec NS`); `host` is the
-        address it listens on and advertises. `metrics`: serve /metrics on `host` (metrics_url)."""
+        address it listens on and, unless `advertise` (host:port) names another, advertises.
+        `metrics`: serve /metrics on `host` (metrics_url)."""
+        self.advertise = advertise
         self.workdir, self.tracker, self.gguf, self.model = workdir, tracker, gguf, model
         self.host, self.prefix, self.max_kv_tokens = host, list(prefix), max_kv_tokens
         self.worker_binary = worker_binary
@@ -176,6 +178,8 @@ class NodeProcess:
             cmd += ["--worker-binary", str(self.worker_binary)]
         if self.max_kv_tokens is not None:
             cmd += ["--max-kv-tokens", str(self.max_kv_tokens)]
+        if self.advertise:
+            cmd += ["--advertise", self.advertise]
         self._metrics_port_file = self.workdir / f"{self.name}.metrics.port"
         if self.metrics:
             self._metrics_port_file.unlink(missing_ok=True)
@@ -212,9 +216,12 @@ class LocalSwarm:
                  threads: int = 1, worker_binary: Optional[Path] = None, host: str = "127.0.0.1",
                  node_hosts: Sequence[str] = (), node_prefixes: Sequence[Sequence[str]] = (),
                  max_kv_tokens: Optional[int] = None, insecure: bool = False, ban_seconds: float = 30.0,
-                 max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False) -> None:
+                 max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False,
+                 node_advertise: Sequence[str] = ()) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
-        namespaces; by default every process is on loopback. `insecure`: plaintext links.
+        namespaces; by default every process is on loopback. `node_advertise` (one host:port per
+        cut) is the address each node registers instead of its own (a delay proxy in front of
+        it; see NodeProcess.port for the bound one). `insecure`: plaintext links.
         `ban_seconds`/`max_ban_seconds`: how long the tracker avoids a node reported failed.
         `http`: the tracker serves /metrics and /status; `node_metrics`: every node serves /metrics."""
         workdir.mkdir(parents=True, exist_ok=True)
@@ -228,6 +235,7 @@ class LocalSwarm:
         self.insecure, self.node_metrics = insecure, node_metrics
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
+        self.node_advertise = list(node_advertise)
         self.nodes: dict[str, NodeProcess] = {}  # by node id (derived from each node's key)
         self.ids: dict[str, str] = {}  # node name ("node-0") -> node id
         self._channels: dict[tuple[str, str, str], grpc.Channel] = {}  # see shard_channels()
@@ -237,17 +245,18 @@ class LocalSwarm:
         self.tracker.start()
         for i, cut in enumerate(self.cuts):
             self.add_node(f"node-{i}", cut, wait=False, host=self.node_hosts[i] if self.node_hosts else "127.0.0.1",
-                          prefix=self.node_prefixes[i] if self.node_prefixes else ())
+                          prefix=self.node_prefixes[i] if self.node_prefixes else (),
+                          advertise=self.node_advertise[i] if self.node_advertise else "")
         for node in self.nodes.values():
             node.wait_ready()
         return self
 
     def add_node(self, name: str, layers: tuple[int, int], wait: bool = True, host: str = "127.0.0.1",
-                 prefix: Sequence[str] = ()) -> NodeProcess:
+                 prefix: Sequence[str] = (), advertise: str = "") -> NodeProcess:
         node = NodeProcess(self.workdir, self.tracker, self.gguf, self.model, layers, name, backend=self.backend,
                            max_sessions=self.max_sessions, threads=self.threads, worker_binary=self.worker_binary,
                            host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens,
-                           metrics=self.node_metrics).launch()
+                           metrics=self.node_metrics, advertise=advertise).launch()
         self.nodes[node.node_id] = node
         self.ids[name] = node.node_id
         return node.wait_ready() if wait else node
@@ -256,17 +265,19 @@ class LocalSwarm:
         """A tracker client with the client role and a fresh identity."""
         return self.tracker.client()
 
-    def shard_channels(self) -> dict[str, grpc.Channel]:
+    def shard_channels(self, direct: bool = False) -> dict[str, grpc.Channel]:
         """A channel to every registered node's shard service, pinned to its registered
-        certificate (for Health probes), by node id. Channels and the tracker client behind
-        them are made once and reused (probes poll); stop() closes them."""
+        certificate (for Health probes), by node id. `direct`: dial the address a node of this
+        swarm is bound to, not the one it advertises (past a delay proxy). Channels and the
+        tracker client behind them are made once and reused (probes poll); stop() closes them."""
         if self._probe_client is None:
             self._probe_client = self.client()
         out = {}
         for n in self._probe_client.coverage(self.model).nodes:
-            key = (n.node_id, n.address, n.tls_certificate)
+            address = self.nodes[n.node_id].address if direct and n.node_id in self.nodes else n.address
+            key = (n.node_id, address, n.tls_certificate)
             if key not in self._channels:
-                self._channels[key] = tls.pinned_channel(n.address, n.tls_certificate.encode() or None)
+                self._channels[key] = tls.pinned_channel(address, n.tls_certificate.encode() or None)
             out[n.node_id] = self._channels[key]
         return out
 

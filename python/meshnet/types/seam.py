@@ -196,6 +196,8 @@ class SeamFrame:
     downstream: tuple[DownstreamHop, ...] = ()  # hops after the receiver (first frame of an epoch)
     ticket: Optional[RouteTicket] = None  # the receiver's ticket (first frame of a session on a stream)
     ring: bool = False  # ring decode: the last hop feeds each sampled token to the first hop (ADR 0005)
+    draft_max: int = 0  # speculation: on the prefill, the most tokens the first hop drafts per ring step
+    draft_token_ids: tuple[int, ...] = ()  # speculation: a ring step's drafted tokens
 
 
 @dataclasses.dataclass(frozen=True)
