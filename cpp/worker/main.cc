@@ -4,7 +4,7 @@
 // Usage: worker --model=PATH --node_id=ID --tracker_key=<64 hex>
 //   (--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] [--listen=127.0.0.1:0]
 //   [--threads=N] [--max_sessions=N] [--n_ctx=N] [--max_batch_tokens=N]
-//   [--max_prefill_chunk=N] [--queue=N] [--idle_seconds=S] [--unified_kv=0|1]
+//   [--max_prefill_chunk=N] [--queue=N] [--batch_window_us=US] [--idle_seconds=S] [--unified_kv=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
 //   [--parent_pid=PID]
@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
   options.max_batch_tokens = Int(flags, "max_batch_tokens", 256);
   options.max_prefill_chunk = Int(flags, "max_prefill_chunk", 128);
   options.max_queue = Int(flags, "queue", 64);
+  options.batch_window = std::chrono::microseconds(Int(flags, "batch_window_us", 0));
   std::string error;
   std::unique_ptr<meshnet::worker::Scheduler> scheduler =
       meshnet::worker::Scheduler::Start(options, &error);

@@ -150,11 +150,31 @@ void Scheduler::Run(std::string* error, std::promise<bool>* opened) {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [this] { return stopping_ || !pending_.empty() || !forgets_.empty(); });
       if (stopping_ && pending_.empty() && forgets_.empty()) break;
+      if (options_.batch_window.count() > 0) {
+        const int expected = ExpectedDecoders();
+        if (PendingDecodesLocked() > 0 && PendingDecodesLocked() < expected) {
+          wake_.wait_for(lock, options_.batch_window, [this, expected] {
+            return stopping_ || !forgets_.empty() || PendingDecodesLocked() >= expected;
+          });
+        }
+      }
     }
     Step(*ctx);
   }
   ctx.reset();
   model.reset();
+}
+
+int Scheduler::ExpectedDecoders() const {
+  std::vector<int32_t> seqs;
+  for (const auto& batch : recent_decoders_) seqs.insert(seqs.end(), batch.begin(), batch.end());
+  std::sort(seqs.begin(), seqs.end());
+  return static_cast<int>(std::unique(seqs.begin(), seqs.end()) - seqs.begin());
+}
+
+int Scheduler::PendingDecodesLocked() const {
+  return static_cast<int>(std::count_if(pending_.begin(), pending_.end(),
+                                        [](const auto& p) { return p->rows == 1; }));
 }
 
 uint64_t Scheduler::KvCells() const {
@@ -224,6 +244,15 @@ void Scheduler::Step(engine::Context& ctx) {
   }
   if (plan.empty()) return;
 
+  std::vector<int32_t> decoders;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (planned[i]->rows == 1) decoders.push_back(planned[i]->item.seq);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recent_decoders_.push_back(std::move(decoders));
+    if (recent_decoders_.size() > static_cast<size_t>(kRecentBatches)) recent_decoders_.pop_front();
+  }
   engine::Batch batch;
   for (size_t i = 0; i < plan.size(); ++i) {
     Pending& p = *planned[i];

@@ -67,7 +67,14 @@ struct SchedulerOptions {
   int max_batch_tokens = 256;      // rows per Decode
   int max_prefill_chunk = 128;     // rows of one prefill per Decode (bounds decode latency)
   int max_queue = 64;              // pending items before Submit refuses
+  // Batching window: when fewer one-row decode items are pending than distinct sessions sent
+  // decode items in the last kRecentBatches batches, the engine waits up to this long for the
+  // rest before it decodes (0: never waits). Sessions that arrive a little apart then share a
+  // batch instead of taking turns; a lone session never waits.
+  std::chrono::microseconds batch_window{0};
 };
+
+inline constexpr int kRecentBatches = 4;
 
 struct WorkItem {
   int32_t seq = 0;
@@ -170,6 +177,11 @@ class Scheduler {
   bool stopping_ = false;
   SchedulerStats stats_;
   std::vector<int32_t> lengths_;  // engine thread: positions held per seq
+  // Engine thread (read under mu_ in the window's wait): the seqs with a decode item in each of
+  // the last kRecentBatches batches.
+  std::deque<std::vector<int32_t>> recent_decoders_;
+  int ExpectedDecoders() const;  // distinct seqs in recent_decoders_
+  int PendingDecodesLocked() const;  // one-row items in pending_ (mu_ held)
   std::vector<uint64_t> owner_floor_;  // per seq: owners below this were released (guarded by mu_)
   std::thread thread_;
 };

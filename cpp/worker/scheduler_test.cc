@@ -347,3 +347,69 @@ TEST(SchedulerTest, ReleasedOwnersLateStepsAreRefused) {
 
 }  // namespace
 }  // namespace meshnet::worker
+
+namespace meshnet::worker {
+namespace {
+
+// Runs one decode step for each of `seqs` at `pos`, submitting seq i after i * `apart`; returns
+// how many sessions the scheduler saw in its latest batch once all are done.
+int DecodeStaggered(Scheduler& scheduler, const std::vector<int32_t>& seqs, int32_t pos,
+                    std::chrono::milliseconds apart) {
+  std::vector<std::promise<void>> done(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (i > 0) std::this_thread::sleep_for(apart);
+    WorkItem item = Tokens(seqs[i], pos, {static_cast<int32_t>(7 + i)});
+    std::promise<void>* promise = &done[i];
+    item.done = [promise](const protocol::Status& status, std::vector<float>) {
+      EXPECT_TRUE(status.ok()) << status.ToString();
+      promise->set_value();
+    };
+    EXPECT_TRUE(scheduler.Submit(std::move(item)).ok());
+  }
+  for (auto& promise : done) promise.get_future().get();
+  return scheduler.Stats().last_batch_items;
+}
+
+TEST(SchedulerTest, BatchingWindowLetsStragglersJoinAndNeverHoldsALoneSession) {
+  std::string path = Fixture();
+  std::string error;
+  SchedulerOptions options = Options(path, 0, -1);
+  options.batch_window = std::chrono::milliseconds(200);
+  auto scheduler = Scheduler::Start(options, &error);
+  ASSERT_NE(scheduler, nullptr) << error;
+  // Three sessions decode together once, so the engine expects three.
+  RunAll(*scheduler, {Tokens(0, 0, {1}), Tokens(1, 0, {2}), Tokens(2, 0, {3})});
+  DecodeStaggered(*scheduler, {0, 1, 2}, 1, std::chrono::milliseconds(0));
+  // Now they arrive 20 ms apart: the window (200 ms) holds the batch until all three are in.
+  EXPECT_EQ(DecodeStaggered(*scheduler, {0, 1, 2}, 2, std::chrono::milliseconds(20)), 3);
+
+  // A lone session (the only one decoding lately) does not wait for the window.
+  auto lone = Scheduler::Start(options, &error);
+  ASSERT_NE(lone, nullptr) << error;
+  RunAll(*lone, {Tokens(0, 0, {1})});
+  const auto started = std::chrono::steady_clock::now();
+  for (int32_t pos = 1; pos < 6; ++pos) DecodeStaggered(*lone, {0}, pos, std::chrono::milliseconds(0));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(200));
+}
+
+TEST(SchedulerTest, AllLogitsGivesEveryRowAsDecodedOneByOne) {
+  std::string path = Fixture();
+  std::string error;
+  auto scheduler = Scheduler::Start(Options(path, 0, -1), &error);
+  ASSERT_NE(scheduler, nullptr) << error;
+  const std::vector<int32_t> prompt = {3, 1, 4}, drafts = {1, 5, 9};
+  RunAll(*scheduler, {Tokens(0, 0, prompt), Tokens(1, 0, prompt)});
+  WorkItem wide = Tokens(0, 3, drafts);  // the three rows in one step, every row's logits
+  wide.all_logits = true;
+  std::vector<float> rows = RunAll(*scheduler, {std::move(wide)})[0];
+  const size_t n_vocab = static_cast<size_t>(scheduler->n_vocab());
+  ASSERT_EQ(rows.size(), drafts.size() * n_vocab);
+  for (size_t r = 0; r < drafts.size(); ++r) {  // the same rows one decode at a time
+    std::vector<float> one =
+        RunAll(*scheduler, {Tokens(1, static_cast<int32_t>(3 + r), {drafts[r]})})[0];
+    ExpectNear(std::vector<float>(rows.begin() + r * n_vocab, rows.begin() + (r + 1) * n_vocab), one);
+  }
+}
+
+}  // namespace
+}  // namespace meshnet::worker

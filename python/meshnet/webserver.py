@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 
-import uvicorn
 
 MAX_CONNECTIONS = 32
 MAX_REQUEST_HEAD_BYTES = 16 * 1024
@@ -43,6 +42,8 @@ class WebServer:
             self._socket.close()
             raise
         self.host, self.port = host, self._socket.getsockname()[1]
+        import uvicorn  # here, not at import: parse_listen's users (a lean node) need no HTTP stack
+
         config = uvicorn.Config(app, http="h11", ws="none", lifespan="off", loop="asyncio", log_config=None,
                                 access_log=False, server_header=False, limit_concurrency=MAX_CONNECTIONS,
                                 timeout_keep_alive=5, h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)

@@ -47,6 +47,7 @@ import gguf as gguf_lib
 
 from meshnet.bench import contract, gateway_lane, llama_lanes, report, route_lanes
 from meshnet.bench.measure import RssWatch
+from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.process import child_env
 from meshnet.swarm.local import even_cuts
@@ -64,7 +65,9 @@ LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_r
          "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
+         "gguf_ring_3_nodes_spec", "wan_10ms_gguf_ring_3_nodes_copy", "wan_10ms_gguf_ring_3_nodes_spec_copy",
          "gateway_3_nodes")
+SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
     "llama_cpp_rpc_3": "llama.cpp RPC over {k} local rpc-servers",
@@ -79,17 +82,15 @@ LABELS = {
     **{f"wan_{d}ms_llama_cpp_rpc_3": f"llama.cpp RPC over {{k}} rpc-servers, {d} ms one-way per link (delay proxy)"
        for d in WAN_DELAYS_MS},
     "wan_10ms_gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode, 10 ms one-way per link (delay proxy)",
+    "gguf_ring_3_nodes_spec": "GGUF route, {k} nodes, ring decode with speculation (prompt lookup), ordinary prompts",
+    "wan_10ms_gguf_ring_3_nodes_copy": "GGUF route, {k} nodes, ring decode, copy-heavy prompts, 10 ms one-way per link",
+    "wan_10ms_gguf_ring_3_nodes_spec_copy": "GGUF route, {k} nodes, ring decode with speculation, copy-heavy prompts, "
+                                            "10 ms one-way per link",
     "gguf_route_3_nodes_plaintext": "GGUF route, {k} nodes, plaintext links (--insecure; tickets on)",
     "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
     "gateway_3_nodes": "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
 }
 RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
-
-TEXT = ("The river that runs through the old town was once the only road to the sea. Merchants floated "
-        "timber, grain and salt down to the harbour, and in winter, when the water froze, children skated "
-        "where the barges had been. Today the banks are parks, the warehouses are flats and small shops, "
-        "and a bridge of glass and steel carries bicycles where the ferry used to cross. People still argue "
-        "about whether the town was better before, but everyone agrees that the river made it what it is. ")
 
 
 class Progress:
@@ -111,7 +112,7 @@ class Progress:
 
 def make_prompts(tokenizer, lengths: list[int], streams: int) -> dict[int, list[list[int]]]:
     """`streams` different prompts of exactly each length (the text rotated by a sentence each)."""
-    sentences = [s.strip() + "." for s in TEXT.split(".") if s.strip()]
+    sentences = [s.strip() + "." for s in BENCH_TEXT.split(".") if s.strip()]
     prompts = {}
     for length in lengths:
         prompts[length] = []
@@ -244,7 +245,9 @@ class Bench:
                      "node_prefixes": [wan.prefix(i) for i in range(k)]}
         workdir = self.work / (f"{backend}-{k}-{model.stem}{'-wan' if wan else ''}"
                                f"{'-plaintext' if options.insecure else ''}{'-ring' if options.ring else ''}"
-                               f"{f'-delay{options.delay_ms:g}' if options.delay_ms is not None else ''}")
+                               f"{f'-delay{options.delay_ms:g}' if options.delay_ms is not None else ''}"
+                               f"{f'-spec{options.speculate}' if options.speculate else ''}"
+                               f"-p{min(prompts)}")
         result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts, concurrency,
                                       a.tokens, a.threads, self.node_kv_tokens, progress, options=options, **extra)
         processes, nodes = [], []
@@ -262,6 +265,9 @@ class Bench:
         if options.delay_ms is not None:
             notes.append(f"every link into a node through a delay proxy: {options.delay_ms:g} ms one-way, "
                          f"{options.rate_mbit:g} Mbit/s")
+        if options.speculate:
+            notes.append(f"speculation: the first hop drafts up to {options.speculate} tokens per step by prompt "
+                         "lookup; cells report drafted and accepted tokens")
         if backend == "reference":
             notes.append("the reference shard does not report compute time, so seam overhead is n/a")
         return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
@@ -315,6 +321,10 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "gguf_ring_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                  options=RouteOptions(ring=True)),
         "wan_10ms_gguf_route_3_nodes": lambda: proxy_wan_lane(bench, model, prompts, progress, 10, ring=False),
+        "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                      options=RouteOptions(ring=True, speculate=SPECULATE)),
+        "wan_10ms_gguf_ring_3_nodes_copy": lambda: copy_lane(bench, model, progress, speculate=0),
+        "wan_10ms_gguf_ring_3_nodes_spec_copy": lambda: copy_lane(bench, model, progress, speculate=SPECULATE),
         "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
         "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
         "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),
@@ -325,6 +335,12 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         runners[rpc_lane] = lambda d=d: bench.llama_rpc(model, delay_ms=d)
     for name in names:
         lanes[name] = bench.lane(name, runners[name], progress, k)
+    for spec, plain in (("gguf_ring_3_nodes_spec", "gguf_ring_3_nodes"),
+                        ("wan_10ms_gguf_ring_3_nodes_spec_copy", "wan_10ms_gguf_ring_3_nodes_copy")):
+        if lanes.get(spec, {}).get("available") and lanes.get(plain, {}).get("available"):
+            same = lanes[spec]["tokens"] == lanes[plain]["tokens"]
+            lanes[spec].setdefault("figures", {})["tokens_identical"] = int(same)
+            lanes[spec]["notes"].append(f"single-stream tokens {'identical to' if same else 'DIFFER from'} {plain}")
     reference = lanes.get("transformers_single_process", {}).get("tokens", {})
     for lane in lanes.values():
         tokens = lane.pop("tokens", {})
@@ -355,6 +371,24 @@ def proxy_wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress,
     wan_prompts = {length: prompts[length] for length in bench.wan_prompt_lengths}
     return bench.route(model, "gguf", a.k, wan_prompts, bench.wan_concurrency, progress,
                        options=RouteOptions(ring=ring, delay_ms=delay_ms, rate_mbit=a.wan_rate_mbit))
+
+
+def copy_lane(bench: Bench, model: Path, progress: Progress, speculate: int) -> dict:
+    """The copy-heavy prompts one at a time (each its own cell), K nodes behind 10 ms delay
+    proxies; the lane's decode rate is all decode tokens over all decode time."""
+    from meshnet.reference.model import load_tokenizer
+
+    a = bench.args
+    tokenizer = load_tokenizer(model)
+    prompts = {len(ids): [ids] for ids in (tokenizer(p)["input_ids"] for p in COPY_HEAVY)}
+    lane = bench.route(model, "gguf", a.k, prompts, [1], progress,
+                       options=RouteOptions(ring=True, speculate=speculate, delay_ms=10, rate_mbit=a.wan_rate_mbit))
+    cells = [c for c in lane["cells"] if c.get("decode_tok_s")]
+    seconds = sum((c["new_tokens"] - 1) / c["decode_tok_s"] for c in cells)
+    lane["figures"] = {"decode_tok_s": sum(c["new_tokens"] - 1 for c in cells) / seconds if seconds else None}
+    lane["notes"].append(f"{len(COPY_HEAVY)} copy-heavy prompts (python/meshnet/bench/prompts.py), one stream each"
+                         + (f"; speculation: up to {speculate} drafted tokens per step" if speculate else ""))
+    return lane
 
 
 def contract_figures(results: dict) -> dict:

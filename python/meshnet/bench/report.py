@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import re
 from typing import Any, Callable
 
 import matplotlib
@@ -233,6 +234,11 @@ CELL_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
     ("ITL p95 ms", _field("itl_p95_ms", 2)),
     ("seam B/token", _field("seam_bytes_per_token", 0)),
     ("seam overhead ms", _field("seam_overhead_ms", 2)),
+    ("decode compute ms/token", _field("decode_compute_ms_per_token", 2)),
+    ("model ITL ms", _field("model_itl_ms", 2)),
+    ("ITL p50 - model ms", _field("itl_p50_over_model_ms", 2)),
+    ("drafted", _int_field("drafted_tokens")),
+    ("accepted", _int_field("accepted_drafts")),
     ("batch rows", _field("mean_batch_rows", 2)),
     ("max batch sessions", _int_field("max_batch_sessions")),
     ("max queue", _int_field("max_queue_depth")),
@@ -508,6 +514,36 @@ def _plot_itl(lanes: dict[str, dict], plots_dir: pathlib.Path) -> pathlib.Path |
     return _save(fig, plots_dir, "itl.png")
 
 
+WAN_LANE = re.compile(r"^wan_(\d+)ms_(.+)$")
+
+
+def _plot_wan(lanes: dict[str, dict], plots_dir: pathlib.Path) -> pathlib.Path | None:
+    """Single-stream decode tok/s against the one-way delay per link, one line per kind of
+    wan_<d>ms_<kind> lane (GGUF ring, llama.cpp RPC, client-driven, with speculation)."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for name, lane in _available(lanes).items():
+        match = WAN_LANE.match(name)
+        if not match:
+            continue
+        value = _number((lane.get("figures") or {}).get("decode_tok_s"))
+        if value is None:
+            value = _metric(lane, _prompts(lane)[0], 1, "decode_tok_s") if _prompts(lane) else None
+        if value is not None:
+            series.setdefault(match.group(2), []).append((int(match.group(1)), value))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for kind, points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=kind)
+    ax.set_xlabel("one-way delay per link, ms (delay proxy)")
+    ax.set_ylabel("decode tok/s, one stream")
+    ax.set_title("Decode speed vs link delay")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, plots_dir, "wan.png")
+
+
 def _plot_rss(lanes: dict[str, dict], plots_dir: pathlib.Path) -> pathlib.Path | None:
     labels = []
     values = []
@@ -537,6 +573,7 @@ def _plots(lanes: dict[str, dict], plots_dir: pathlib.Path) -> list[pathlib.Path
         _plot_ttft(lanes, plots_dir),
         _plot_itl(lanes, plots_dir),
         _plot_rss(lanes, plots_dir),
+        _plot_wan(lanes, plots_dir),
     ]
     return [path for path in written if path is not None]
 

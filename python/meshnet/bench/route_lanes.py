@@ -43,6 +43,7 @@ class RouteOptions:
     ring: bool = False  # ring decode; False: the client sends each decode step (the v1 lanes)
     delay_ms: Optional[float] = None  # one-way delay of every link into a node (a DelayProxy)
     rate_mbit: Optional[float] = None  # and its rate (None: unlimited)
+    speculate: int = 0  # ring decode: the most tokens the first hop drafts per step (0: off)
 
 
 class HealthProbe:
@@ -88,7 +89,8 @@ def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.E
     session = RouteSession(tracker, "bench-model", client_id="bench", insecure=options.insecure)
     go.wait()
     try:
-        for token in session.generate(ids, GenerationParams(max_tokens=tokens, ring=options.ring)):
+        for token in session.generate(ids, GenerationParams(max_tokens=tokens, ring=options.ring,
+                                                            speculate=options.speculate)):
             times.append(time.perf_counter())
             out.append(token)
             if on_first is not None and len(out) == 1:
@@ -130,7 +132,9 @@ def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[
             "mean_batch_rows": rows / batches if batches else None,
             "max_batch_sessions": max(a.max_batch_sessions for a in after) or None,
             "max_queue_depth": probe.max_queue, "max_live_sessions": probe.max_sessions,
-            "max_kv_cells": probe.max_kv_cells, "failures": sum(1 for o in outs if len(o) < tokens)}
+            "max_kv_cells": probe.max_kv_cells, "failures": sum(1 for o in outs if len(o) < tokens),
+            "drafted_tokens": sum(a.drafted_tokens - b.drafted_tokens for a, b in zip(after, before)),
+            "accepted_drafts": sum(a.accepted_drafts - b.accepted_drafts for a, b in zip(after, before))}
     if c == 1 and times[0] and compute_s > 0:
         # one stream: hops run one after another, so what is not compute is seams and client
         cell["seam_overhead_ms"] = max(0.0, (times[0][-1] - t0) - compute_s) / len(times[0]) * 1000

@@ -25,21 +25,21 @@ The engine and seam counters restart from 0 with a restarted worker (Prometheus'
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from meshnet.identity.tls import pinned_channel
 from meshnet.node.worker import MAX_BATCH_TOKENS
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.types import tracker as tt
-from meshnet.webserver import WebServer
+
+if TYPE_CHECKING:  # the HTTP stack is imported only when /metrics is served (a lean node)
+    from starlette.applications import Starlette
+
+    from meshnet.webserver import WebServer
 
 HEALTH_TIMEOUT_S = 2.0
 
@@ -139,7 +139,12 @@ class _HealthCollector:
             yield CounterMetricFamily(f"meshnet_node_{name}", doc, value=value)
 
 
-def app(metrics: NodeMetrics) -> Starlette:
+def app(metrics: NodeMetrics) -> "Starlette":
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
     def scrape(request: Request) -> Response:  # sync: Starlette runs it on a worker thread (Health may wait)
         return Response(generate_latest(metrics.prometheus), media_type=CONTENT_TYPE_LATEST,
                         headers={"Cache-Control": "no-store"})
@@ -147,6 +152,8 @@ def app(metrics: NodeMetrics) -> Starlette:
     return Starlette(routes=[Route("/metrics", scrape)])
 
 
-def serve(metrics: NodeMetrics, listen: str) -> WebServer:
+def serve(metrics: NodeMetrics, listen: str) -> "WebServer":
     """Starts /metrics on `listen` (port 0 picks one: see `.port`)."""
+    from meshnet.webserver import WebServer
+
     return WebServer(app(metrics), listen, name="node-metrics").start()

@@ -36,6 +36,10 @@ class WorkerError(RuntimeError):
 
 
 MAX_BATCH_TOKENS = 256  # the worker's --max_batch_tokens (rows per engine decode)
+# The worker's --batch_window_us: how long its engine may wait for a session that decoded in
+# the last few batches before it decodes without it (cpp/worker/scheduler.h; a lone session
+# never waits). The bench's c=8 cells report what it costs and gains.
+BATCH_WINDOW_US = 2000
 
 
 def take_work(channel: grpc.Channel, supervisor_token: str) -> tuple[tt.WorkEntry, ...]:
@@ -63,7 +67,8 @@ class WorkerProcess:
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
                      f"--threads={threads}", f"--max_sessions={max_sessions}", f"--n_ctx={n_ctx}",
-                     f"--max_batch_tokens={MAX_BATCH_TOKENS}", f"--max_threads={server_threads(max_sessions)}",
+                     f"--max_batch_tokens={MAX_BATCH_TOKENS}", f"--batch_window_us={BATCH_WINDOW_US}",
+                     f"--max_threads={server_threads(max_sessions)}",
                      f"--max_concurrent_streams={server_threads(max_sessions)}",
                      f"--node_id={node_id}", f"--tracker_key={tracker_key.hex()}"]
         self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]

@@ -19,9 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
-import gguf
-
-from meshnet.recipe.gguf_header import GgufArray, GgufHeader, read_header
+from meshnet.recipe.gguf_header import GgufArray, GgufHeader, LlamaFileType, read_header
 
 PathLike = Union[str, os.PathLike]
 
@@ -213,7 +211,7 @@ def _file_type(reader: GgufHeader, tensors: dict, path: PathLike) -> str:
     declared = _field(reader, "general.file_type", int, path, required=False)
     if declared is not None:
         try:
-            name = gguf.LlamaFileType(declared & ~GUESSED_FILE_TYPE_FLAG).name
+            name = LlamaFileType(declared & ~GUESSED_FILE_TYPE_FLAG).name
         except ValueError:
             raise ValueError(f"{path}: unknown general.file_type {declared}") from None
         return name.removeprefix("ALL_").removeprefix("MOSTLY_")

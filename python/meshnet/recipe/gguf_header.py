@@ -14,11 +14,41 @@ extent is checked against the bytes the file actually has.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import struct
+import sys
 from typing import Any, BinaryIO, Union
 
-from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
+
+def _gguf_constants():
+    """The gguf package's `constants` module (the format's enums and block sizes) without the
+    package's __init__, which imports numpy, yaml and every writer: a node's control process
+    reads headers and must stay small (issue 14: no numpy or GGUF reader in steady state).
+    constants.py imports only the standard library; when gguf is already imported, its own
+    module is used."""
+    if "gguf.constants" in sys.modules:
+        return sys.modules["gguf.constants"]
+    name = "meshnet_gguf_constants"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("gguf")  # finds, does not import
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("the gguf package is not installed")
+    path = os.path.join(list(package.submodule_search_locations)[0], "constants.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_constants = _gguf_constants()
+GGML_QUANT_SIZES = _constants.GGML_QUANT_SIZES
+GGUF_DEFAULT_ALIGNMENT = _constants.GGUF_DEFAULT_ALIGNMENT
+GGMLQuantizationType = _constants.GGMLQuantizationType
+GGUFValueType = _constants.GGUFValueType
+LlamaFileType = _constants.LlamaFileType
 
 PathLike = Union[str, os.PathLike]
 

@@ -47,6 +47,9 @@ def main() -> int:
     parser.add_argument("--gguf", type=Path, default=os.environ.get("MESHNET_BUNDLED_GGUF"))
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--speculate", type=int, default=0, metavar="K",
+                        help="speculative decoding in the ring: the first hop drafts up to K tokens a step by prompt "
+                             "lookup (0: off; the tokens are the same either way)")
     parser.add_argument("--backend", default="gguf", choices=["gguf", "reference"],
                         help="gguf: native llama.cpp workers; reference: HF Transformers shards")
     parser.add_argument("--worker-binary", type=Path, default=os.environ.get("MESHNET_WORKER_BINARY"))
@@ -65,6 +68,8 @@ def main() -> int:
         parser.error(str(err))
     if not 1 <= args.nodes <= n_layer:
         parser.error(f"--nodes must be in 1..{n_layer} (the model's layers)")
+    if not 0 <= args.speculate <= 16:
+        parser.error("--speculate must be in 0..16 (the most drafts a ring step may carry)")
     if args.serve and not (args.listen.rpartition(":")[0] and args.listen.rpartition(":")[2].isdigit()):
         parser.error(f"--listen {args.listen!r}: expected HOST:PORT")
     prompt = " ".join(args.prompt)
@@ -92,7 +97,8 @@ def main() -> int:
 
                 def counted():
                     for token in session.generate(ids, GenerationParams(max_tokens=args.max_tokens,
-                                                                        stop_token_ids=(tokenizer.eos_token_id,))):
+                                                                        stop_token_ids=(tokenizer.eos_token_id,),
+                                                                        speculate=args.speculate)):
                         tokens.append(token)
                         yield token
 
