@@ -55,6 +55,15 @@ def _per_node_rss(check: dict, results: dict) -> Outcome:
     return Outcome(check["id"], worst <= 1.0, worst, required, f"worst node uses {worst:.3f} of its budget")
 
 
+def node_budget(contract_doc: dict) -> Optional[dict]:
+    """The per-node RSS rule ({"ratio", "slack_mib"}) of the contract's per_node_rss check, for
+    reports that show each node's budget; None when the contract has none."""
+    for check in contract_doc.get("checks", []):
+        if check.get("kind") == "per_node_rss":
+            return {"ratio": check["ratio"], "slack_mib": check["slack_mib"]}
+    return None
+
+
 def _absolute(check: dict, results: dict) -> Outcome:
     required = f"{check['op']} {check['value']}"
     value = _figure(results, check["lane"], check["metric"])

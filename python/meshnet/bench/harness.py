@@ -46,7 +46,7 @@ from typing import Callable, Optional
 import gguf as gguf_lib
 
 from meshnet.bench import contract, gateway_lane, llama_lanes, report, route_lanes
-from meshnet.bench.measure import RssWatch
+from meshnet.bench.measure import RssWatch, find_cell
 from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.process import child_env
@@ -143,10 +143,6 @@ def model_facts(path: Path) -> dict:
 
     return {"summary": summary, "weight_bytes": weight_bytes, "total_bytes": sum(sizes.values()),
             "kv_bytes_per_token_layer": 2 * 2 * summary.n_embd * heads_kv // heads}
-
-
-def _cell(lane: dict, prompt: int, c: int) -> dict:
-    return next((x for x in lane.get("cells", []) if x["prompt_tokens"] == prompt and x["concurrency"] == c), {})
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -346,7 +342,7 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         tokens = lane.pop("tokens", {})
         for length, ids in tokens.items():
             if length in reference:
-                _cell(lane, length, 1)["tokens_matching_transformers"] = common_prefix(ids, reference[length])
+                find_cell(lane, length, 1)["tokens_matching_transformers"] = common_prefix(ids, reference[length])
     return lanes
 
 
@@ -398,14 +394,14 @@ def contract_figures(results: dict) -> dict:
         if not lane.get("available"):
             continue
         short = min(results["meta"]["prompts"])
-        fig = {"decode_tok_s": _cell(lane, short, 1).get("decode_tok_s"),
-               "ttft_ms": _cell(lane, short, 1).get("ttft_ms"),
-               "ttft_ms_prompt_512": _cell(lane, 512, 1).get("ttft_ms"),
-               "aggregate_tok_s_c8": _cell(lane, short, 8).get("aggregate_tok_s"),
+        fig = {"decode_tok_s": find_cell(lane, short, 1).get("decode_tok_s"),
+               "ttft_ms": find_cell(lane, short, 1).get("ttft_ms"),
+               "ttft_ms_prompt_512": find_cell(lane, 512, 1).get("ttft_ms"),
+               "aggregate_tok_s_c8": find_cell(lane, short, 8).get("aggregate_tok_s"),
                "peak_rss_bytes": lane.get("peak_rss_bytes")}
         for metric in ("overhead_ms_per_token_per_hop", "itl_p50_over_model_ms", "itl_p95_over_model_ms",
                        "decode_compute_ms_per_token", "itl_p50_ms", "itl_p95_ms"):
-            fig[metric] = _cell(lane, short, 1).get(metric)
+            fig[metric] = find_cell(lane, short, 1).get(metric)
         if lane.get("nodes"):
             fig["nodes"] = lane["nodes"]
             fig["sum_node_peak_rss_bytes"] = sum(n["peak_rss_bytes"] for n in lane["nodes"])
@@ -522,7 +518,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         results["meta"]["duration_s"] = round(time.monotonic() - t0, 1)
         results["contract_figures"] = contract_figures(results)
     contract_path = args.contract or workspace / "docs" / "performance-contract.json"
-    outcomes = contract.evaluate(json.loads(contract_path.read_text()), results)
+    contract_doc = json.loads(contract_path.read_text())
+    results["meta"]["node_budget"] = contract.node_budget(contract_doc)
+    outcomes = contract.evaluate(contract_doc, results)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     written = report.write_report(results, out, outcomes)
     for o in outcomes:

@@ -32,6 +32,14 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def find_cell(lane: dict, prompt: int, concurrency: int) -> dict:
+    """The lane's cell for (prompt tokens, concurrency), or {} when it did not run."""
+    for cell in lane.get("cells") or []:
+        if cell.get("prompt_tokens") == prompt and cell.get("concurrency") == concurrency:
+            return cell
+    return {}
+
+
 def cell_figures(start: float, streams: Sequence[Sequence[float]], prompt_tokens: int) -> dict:
     """Figures of one cell: `streams` holds each stream's token arrival times (seconds, same
     clock as `start`); streams that produced nothing count as failures elsewhere."""

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import numpy as np  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 from meshnet.bench import contract  # noqa: E402
+from meshnet.bench.measure import find_cell  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -31,8 +32,6 @@ BASELINE_LANE = "llama_cpp_single_process"
 SHORT_PROMPT = 128
 LONG_PROMPT = 512
 HIGH_CONCURRENCY = 8
-BUDGET_RATIO = 1.15
-BUDGET_SLACK_MIB = 64
 
 
 # ---- values and formatting ----
@@ -103,15 +102,8 @@ def _cells(lane: dict) -> list[dict]:
     return lane.get("cells") or []
 
 
-def _cell(lane: dict, prompt: int, concurrency: int) -> dict:
-    for cell in _cells(lane):
-        if cell.get("prompt_tokens") == prompt and cell.get("concurrency") == concurrency:
-            return cell
-    return {}
-
-
 def _metric(lane: dict, prompt: int, concurrency: int, key: str) -> float | None:
-    return _number(_cell(lane, prompt, concurrency).get(key))
+    return _number(find_cell(lane, prompt, concurrency).get(key))
 
 
 def _process_rss_bytes(lane: dict) -> float | None:
@@ -272,15 +264,16 @@ def _layers_text(layers: Any) -> str:
     return "-".join(str(layer) for layer in layers)
 
 
-def _budget_mib(node: dict) -> float | None:
+def _budget_mib(node: dict, budget: dict | None) -> float | None:
     weights = _mib(node.get("weight_bytes"))
     kv = _mib(node.get("kv_bytes"))
-    if weights is None or kv is None:
+    if weights is None or kv is None or not budget:
         return None
-    return BUDGET_RATIO * (weights + kv) + BUDGET_SLACK_MIB
+    return budget["ratio"] * (weights + kv) + budget["slack_mib"]
 
 
-def _node_table(nodes: list[dict]) -> list[str]:
+def _node_table(nodes: list[dict], budget: dict | None) -> list[str]:
+    """`budget`: the contract's per-node RSS rule ({"ratio", "slack_mib"}), as the bench read it."""
     headers = ["node", "layers", "peak RSS MiB", "weights MiB", "KV MiB", "budget MiB"]
     rows = []
     for node in nodes:
@@ -290,9 +283,11 @@ def _node_table(nodes: list[dict]) -> list[str]:
             _fmt(_mib(node.get("peak_rss_bytes"))),
             _fmt(_mib(node.get("weight_bytes"))),
             _fmt(_mib(node.get("kv_bytes"))),
-            _fmt(_budget_mib(node)),
+            _fmt(_budget_mib(node, budget)),
         ])
-    return ["Nodes (budget = 1.15 x (weights + KV) + 64 MiB):", ""] + _table(headers, rows) + [""]
+    rule = (f"budget = {budget['ratio']} x (weights + KV) + {budget['slack_mib']} MiB, from the contract"
+            if budget else "no budget: the contract names no per-node RSS check")
+    return [f"Nodes ({rule}):", ""] + _table(headers, rows) + [""]
 
 
 def _sides_table(lane: dict) -> list[str]:
@@ -310,26 +305,32 @@ def _sides_table(lane: dict) -> list[str]:
     return lines
 
 
-def _lane_detail(name: str, lane: dict) -> list[str]:
+def _lane_detail(name: str, lane: dict, budget: dict | None) -> list[str]:
     lines = [f"### {_label(name, lane)} (`{name}`)", ""]
-    lines += _sides_table(lane) if lane.get("figures") else _cell_table(_cells(lane))
+    if any(isinstance(lane.get(side), dict) for side in ("direct", "gateway")):
+        lines += _sides_table(lane)
+    else:
+        lines += _cell_table(_cells(lane))
+        figures = lane.get("figures") or {}
+        if figures:
+            lines += _table(["lane figure", "value"], [[k, _fmt(v, 2)] for k, v in figures.items()]) + [""]
     if lane.get("processes"):
         lines += _process_table(lane["processes"])
     if lane.get("nodes"):
-        lines += _node_table(lane["nodes"])
+        lines += _node_table(lane["nodes"], budget)
     notes = lane.get("notes") or []
     if notes:
         lines += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
     return lines
 
 
-def _details(lanes: dict[str, dict]) -> list[str]:
+def _details(lanes: dict[str, dict], budget: dict | None) -> list[str]:
     available = _available(lanes)
     if not available:
         return []
     lines = ["## Per-lane detail", ""]
     for name, lane in available.items():
-        lines += _lane_detail(name, lane)
+        lines += _lane_detail(name, lane, budget)
     return lines
 
 
@@ -390,11 +391,12 @@ def _summary(results: dict, contract_outcomes: list | None, plots: list[pathlib.
     if contract_outcomes is not None:
         lines += _contract(contract_outcomes)
     lines += _headline(lanes, "Headline")
-    lines += _details(lanes)
+    budget = (results.get("meta") or {}).get("node_budget")
+    lines += _details(lanes, budget)
     lines += _drift(results.get("drift"))
     if runtime_lanes:
         lines += _headline(runtime_lanes, "Runtime only")
-        lines += _details(runtime_lanes)
+        lines += _details(runtime_lanes, budget)
     lines += _wan(results.get("wan"))
     lines += _not_run([("lanes", lanes), ("runtime only", runtime_lanes)])
     lines += _plot_links(plots)

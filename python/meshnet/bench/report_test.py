@@ -30,7 +30,8 @@ fake_results = {
     "meta": {"command": "bazel run //python:bench -- --fake", "started": "2026-11-29T11:30:00Z", "duration_s": 812.3,
              "host": {"cpu": "Fake CPU", "cores": 2, "memory_bytes": 25769803776, "kernel": "6.18", "python": "3.11.2"},
              "model": {"name": "smollm2", "path": "/fake/model.gguf", "type": "Q4_1", "bytes": 92000000},
-             "threads": 2, "new_tokens": 64, "prompts": [128, 512], "concurrency": [1, 2, 4, 8], "k": 3},
+             "threads": 2, "new_tokens": 64, "prompts": [128, 512], "concurrency": [1, 2, 4, 8], "k": 3,
+             "node_budget": {"ratio": 1.5, "slack_mib": 10}},
     "lanes": {
         "llama_cpp_single_process": {
             "label": "llama.cpp single process", "available": True, "reason": None, "kind": "q4_1",
@@ -74,6 +75,7 @@ def test_summary_and_plots(tmp_path: Path):
     assert "| ttft_vs_llama_cpp (v1) | n/a | <= 1.15 | FAIL |" in text
     assert "| optional_model (v2) | n/a | >= 0.9 | SKIP |" in text
     assert "1 passed, 1 failed, 1 skipped" in text
+    assert "budget = 1.5 x (weights + KV) + 10 MiB, from the contract" in text  # the rule the bench read
     assert "64/64" in text
     pngs = [path for path in written if path.suffix == ".png"]
     assert {path.name for path in pngs} == {"aggregate_tok_s.png", "ttft.png", "itl.png", "rss.png"}
