@@ -1,7 +1,10 @@
 """Meshnet benchmark: every lane on the same GGUF, prompts, threads and token counts, in one run.
 
-  bazel run //python:bench -- [--out DIR] [--tokens 64] [--prompts 128,512] [--concurrency 1,2,4,8]
-                               [--threads 2] [--k 3] [--lanes a,b,...] [--no-runtime-only] [--no-wan]
+  bazel run //python:bench -- [--out DIR] [--tokens 64] [--prompts 128,512] [--concurrency 1,8]
+                               [--threads 2] [--k 3] [--lanes a,b,...] [--no-runtime-only]
+
+Defaults keep a full run under 25 minutes on a 2-core machine: concurrency 1 and 8 (add 2,4 for
+the whole curve), WAN lanes at one stream.
 
 Lanes: (1) llama_cpp_single_process: upstream llama.cpp, one process (llama-batched-bench);
 (2) llama_cpp_rpc_3: the same tool over K local ggml-rpc-servers; (3) transformers_single_process
@@ -10,7 +13,14 @@ Lanes: (1) llama_cpp_single_process: upstream llama.cpp, one process (llama-batc
 tickets are still checked), which prices TLS; and gguf_route_3_nodes_wan: lane 6 with each node
 in its own network namespace behind a shaped veth (root only); gateway_3_nodes: the
 OpenAI-compatible gateway over lane 6's swarm against the direct client, and 32 concurrent
-streams through it (gateway_lane.py). A runtime-only comparison runs lanes 1, 3, 5 and 6
+streams through it (gateway_lane.py). The gguf_route_* lanes are client-driven (the client
+sends each decode step, as in v1); gguf_ring_1_node and gguf_ring_3_nodes use ring decode
+(ADR 0005), and gguf_ring_3_nodes_spec adds speculation (up to SPECULATE drafts a step) on the
+same ordinary prompts. WAN lanes put a DelayProxy (bench/delay_proxy.py) in front of every node,
+or every ggml-rpc-server: wan_<d>ms_gguf_ring_3_nodes and wan_<d>ms_llama_cpp_rpc_3 for d in 5,
+10 and 25 ms one-way per link, wan_10ms_gguf_route_3_nodes (client-driven, N+1 trips), and
+the copy-heavy pair wan_10ms_gguf_ring_3_nodes_copy / _spec_copy (bench/prompts.py). A
+runtime-only comparison runs lanes 1, 3, 5 and 6
 again on the same weights dequantized to an F32 GGUF (`llama-quantize --allow-requantize IN OUT
 F32`), so runtime gains are reported apart from quantization gains. Drift: teacher-forced top-1
 agreement and KL against Transformers fp32 over 256 positions, for both GGUFs.
@@ -441,7 +451,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         p.add_argument(f"--{tool}", type=Path, required=True)
     p.add_argument("--out", type=Path, help="output folder (default: bench-out/<time> in the workspace)")
     p.add_argument("--prompts", default="128,512", help="prompt lengths in tokens")
-    p.add_argument("--concurrency", default="1,2,4,8")
+    p.add_argument("--concurrency", default="1,8")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per stream (64 to 256)")
     p.add_argument("--threads", type=int, default=1, help="compute threads of every process (see the module doc)")
     p.add_argument("--k", type=int, default=3, help="processes in the split lanes")
@@ -452,7 +462,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--wan-delay-ms", type=float, default=10.0, help="one-way delay per node link")
     p.add_argument("--wan-rate-mbit", type=float, default=100.0)
     p.add_argument("--wan-prompts", default="128")
-    p.add_argument("--wan-concurrency", default="1,8")
+    p.add_argument("--wan-concurrency", default="1")
     p.add_argument("--contract", type=Path, help="default: docs/performance-contract.json of the workspace")
     args = p.parse_args(argv)
     for name in args.lanes.split(","):
