@@ -414,6 +414,17 @@ def _save(fig: plt.Figure, plots_dir: pathlib.Path, name: str) -> pathlib.Path:
     return path
 
 
+def _save_lines(fig: plt.Figure, ax: plt.Axes, plots_dir: pathlib.Path, name: str, xlabel: str, ylabel: str,
+                title: str) -> pathlib.Path:
+    """Labels, grid and legend of a line plot, then saves it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, plots_dir, name)
+
+
 def _prompts(lane: dict) -> list[int]:
     return sorted({cell["prompt_tokens"] for cell in _cells(lane) if cell.get("prompt_tokens") is not None})
 
@@ -448,12 +459,8 @@ def _plot_aggregate(lanes: dict[str, dict], plots_dir: pathlib.Path) -> pathlib.
     ax.set_xticks(sorted(ticks))
     ax.set_xticklabels([str(t) for t in sorted(ticks)])
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("concurrent sessions")
-    ax.set_ylabel("aggregate tok/s")
-    ax.set_title("Aggregate decode throughput vs concurrency")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    return _save(fig, plots_dir, "aggregate_tok_s.png")
+    return _save_lines(fig, ax, plots_dir, "aggregate_tok_s.png", "concurrent sessions", "aggregate tok/s",
+                       "Aggregate decode throughput vs concurrency")
 
 
 def _grouped_bars(ax: plt.Axes, labels: list[str], groups: dict[str, list[float | None]]) -> None:
@@ -538,12 +545,8 @@ def _plot_wan(lanes: dict[str, dict], plots_dir: pathlib.Path) -> pathlib.Path |
     for kind, points in sorted(series.items()):
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=kind)
-    ax.set_xlabel("one-way delay per link, ms (delay proxy)")
-    ax.set_ylabel("decode tok/s, one stream")
-    ax.set_title("Decode speed vs link delay")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    return _save(fig, plots_dir, "wan.png")
+    return _save_lines(fig, ax, plots_dir, "wan.png", "one-way delay per link, ms (delay proxy)",
+                       "decode tok/s, one stream", "Decode speed vs link delay")
 
 
 def _plot_rss(lanes: dict[str, dict], plots_dir: pathlib.Path) -> pathlib.Path | None:
