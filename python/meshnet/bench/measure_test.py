@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from meshnet.bench import harness, llama_lanes
+from meshnet.bench import lanes, llama_lanes
 from meshnet.bench.measure import RssWatch, cell_figures, peak_rss_bytes, percentile
 from meshnet.swarm.local import even_cuts
 
@@ -69,7 +69,7 @@ def test_prompts_have_exact_lengths_and_differ():
     def fake_tokenizer(text):  # a fake for this test: one id per word
         return {"input_ids": [hash(w) % 1000 for w in text.split()]}
 
-    prompts = harness.make_prompts(fake_tokenizer, [20, 300], 4)
+    prompts = lanes.make_prompts(fake_tokenizer, [20, 300], 4)
     assert [len(p) for p in prompts[300]] == [300] * 4
     assert len({tuple(p) for p in prompts[20]}) == 4
 

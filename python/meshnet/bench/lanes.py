@@ -1,0 +1,359 @@
+"""The bench's lanes: their names and labels, what each one runs (Bench and the runners of
+run_group), and the prompts and model facts they share. harness.py is the command around them:
+arguments, progress, results, report and the contract check. Every lane is described in
+harness.py's docstring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Optional
+
+import gguf as gguf_lib
+
+from meshnet.bench import gateway_lane, llama_lanes, route_lanes
+from meshnet.bench.measure import RssWatch, find_cell
+from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
+from meshnet.bench.route_lanes import RouteOptions
+from meshnet.process import child_env
+from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
+from meshnet.swarm.local import even_cuts
+from meshnet.swarm.wan import WanLink
+
+WAN_DELAYS_MS = (5, 10, 25)  # one-way delay per link in the proxy WAN lanes
+
+
+def wan_lane_names(delay_ms: int) -> tuple[str, ...]:
+    return (f"wan_{delay_ms}ms_gguf_ring_3_nodes", f"wan_{delay_ms}ms_llama_cpp_rpc_3")
+
+
+LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
+         "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
+         "reference_route_3_nodes", "gguf_route_3_nodes_wan",
+         *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
+         "gguf_ring_3_nodes_spec", "wan_10ms_gguf_ring_3_nodes_copy", "wan_10ms_gguf_ring_3_nodes_spec_copy",
+         "gateway_3_nodes")
+SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
+LABELS = {
+    "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
+    "llama_cpp_rpc_3": "llama.cpp RPC over {k} local rpc-servers",
+    "transformers_single_process": "Transformers fp32, one process",
+    "reference_route_3_nodes": "Transformers reference route, {k} nodes",
+    "gguf_route_1_node": "GGUF route, 1 node, client-driven decode",
+    "gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode",
+    "gguf_ring_1_node": "GGUF route, 1 node, ring decode",
+    "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
+    **{f"wan_{d}ms_gguf_ring_3_nodes": f"GGUF route, {{k}} nodes, ring decode, {d} ms one-way per link (delay proxy)"
+       for d in WAN_DELAYS_MS},
+    **{f"wan_{d}ms_llama_cpp_rpc_3": f"llama.cpp RPC over {{k}} rpc-servers, {d} ms one-way per link (delay proxy)"
+       for d in WAN_DELAYS_MS},
+    "wan_10ms_gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode, 10 ms one-way per link (delay proxy)",
+    "gguf_ring_3_nodes_spec": "GGUF route, {k} nodes, ring decode with speculation (prompt lookup), ordinary prompts",
+    "wan_10ms_gguf_ring_3_nodes_copy": "GGUF route, {k} nodes, ring decode, copy-heavy prompts, 10 ms one-way per link",
+    "wan_10ms_gguf_ring_3_nodes_spec_copy": "GGUF route, {k} nodes, ring decode with speculation, copy-heavy prompts, "
+                                            "10 ms one-way per link",
+    "gguf_route_3_nodes_plaintext": "GGUF route, {k} nodes, plaintext links (--insecure; tickets on)",
+    "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
+    "gateway_3_nodes": "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
+}
+RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
+
+
+class Progress:
+    """One line per event on stderr, with the elapsed time and the lane's place in the run."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.index, self.lane, self.t0 = total, 0, "", time.monotonic()
+
+    def start_lane(self, name: str) -> None:
+        self.index += 1
+        self.lane = name
+        self("starting")
+
+    def __call__(self, message: str) -> None:
+        elapsed = int(time.monotonic() - self.t0)
+        print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] lane {self.index}/{self.total} {self.lane}: {message}",
+              file=sys.stderr, flush=True)
+
+
+def make_prompts(tokenizer, lengths: list[int], streams: int) -> dict[int, list[list[int]]]:
+    """`streams` different prompts of exactly each length (the text rotated by a sentence each)."""
+    sentences = [s.strip() + "." for s in BENCH_TEXT.split(".") if s.strip()]
+    prompts = {}
+    for length in lengths:
+        prompts[length] = []
+        for i in range(streams):
+            rotated = " ".join(sentences[i % len(sentences):] + sentences[: i % len(sentences)])
+            ids: list[int] = []
+            while len(ids) < length:
+                ids += tokenizer(rotated + " ")["input_ids"]
+            prompts[length].append(ids[:length])
+    return prompts
+
+
+def model_facts(path: Path) -> dict:
+    """Tensor bytes per layer range and KV bytes per token and layer (f16 K and V)."""
+    reader = gguf_lib.GGUFReader(path, "r")
+    summary = gguf_summary(path)
+    arch = summary.architecture
+
+    def field(key: str) -> int:
+        f = reader.fields[f"{arch}.{key}"]
+        return int(f.parts[f.data[0]][0])
+
+    heads, heads_kv = field("attention.head_count"), field("attention.head_count_kv")
+    sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
+
+    def weight_bytes(start: int, end: int) -> int:
+        return sum(sizes[n] for n in owned_tensor_names(summary, sizes, start, end, path))
+
+    return {"summary": summary, "weight_bytes": weight_bytes, "total_bytes": sum(sizes.values()),
+            "kv_bytes_per_token_layer": 2 * 2 * summary.n_embd * heads_kv // heads}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, out: Path, work: Path) -> None:
+        self.args, self.out, self.work = args, out, work
+        self.prompt_lengths = [int(x) for x in args.prompts.split(",")]
+        self.concurrency = [int(x) for x in args.concurrency.split(",")]
+        self.wan_prompt_lengths = [int(x) for x in args.wan_prompts.split(",")]
+        self.wan_concurrency = [int(x) for x in args.wan_concurrency.split(",")]
+        per_session = -(-(max(self.prompt_lengths) + args.tokens) // 256) * 256
+        self.n_ctx = max(self.concurrency) * per_session  # llama.cpp lanes: every stream at once
+        # nodes split their KV evenly over max_sessions (at least 8) sessions, each needing per_session
+        self.node_kv_tokens = max(max(self.concurrency), 8) * per_session
+        self._facts: dict[Path, dict] = {}
+
+    def lane(self, name: str, fn: Callable[[], dict], progress: Progress, k: int) -> dict:
+        progress.start_lane(name)
+        started = time.monotonic()
+        try:
+            lane = fn()
+            lane["available"] = True
+        except LaneUnavailable as e:
+            lane = {"available": False, "reason": str(e)}
+        except Exception as e:  # noqa: BLE001 - a broken lane is reported, the others still run
+            traceback.print_exc()
+            lane = {"available": False, "reason": f"failed: {type(e).__name__}: {str(e)[-600:]}"}
+        lane["label"] = LABELS[name].format(k=k)
+        lane["duration_s"] = round(time.monotonic() - started, 1)
+        progress("done" if lane["available"] else f"not available: {lane['reason']}")
+        return lane
+
+    def llama_single(self, model: Path, prompts: list[int], concurrency: list[int]) -> dict:
+        a = self.args
+        lane = llama_lanes.single_process(a.batched_bench, model, prompts, concurrency, a.tokens, a.threads,
+                                          self.n_ctx, self.work)
+        lane["kv_bytes"] = self.n_ctx * self.facts(model)["kv_bytes_per_token_layer"] * self.n_layer(model)
+        lane["notes"] = ["upstream llama.cpp (no Meshnet patches) at the pinned commit; prompts are random tokens "
+                         "(batched-bench), so output drift is measured separately (teacher-forced)"]
+        return lane
+
+    def llama_rpc(self, model: Path, delay_ms: Optional[float] = None) -> dict:
+        a = self.args
+        prompts, concurrency = self.prompt_lengths, self.concurrency
+        if delay_ms is not None:
+            prompts, concurrency = self.wan_prompt_lengths, self.wan_concurrency
+        lane = llama_lanes.rpc_split(a.batched_bench, a.rpc_server, model, a.k, prompts, concurrency,
+                                     a.tokens, a.threads, self.n_ctx, self.work, delay_ms,
+                                     a.wan_rate_mbit if delay_ms is not None else None)
+        lane["notes"] = [f"upstream llama.cpp, every layer offloaded to {a.k} ggml-rpc-servers on loopback "
+                         f"(-ngl 99), {a.threads} threads each"]
+        if delay_ms is not None:
+            lane["notes"].append(f"each rpc-server behind a delay proxy: {delay_ms:g} ms one-way, "
+                                 f"{a.wan_rate_mbit:g} Mbit/s per link")
+        return lane
+
+    def transformers(self, model: Path, prompts: dict, concurrency: list[int], progress: Progress) -> dict:
+        a = self.args
+        prompts_file = self.work / "prompts.json"
+        prompts_file.write_text(json.dumps({str(k): v for k, v in prompts.items()}))
+        out_file = self.work / "transformers.json"
+        cmd = [sys.executable, "-m", "meshnet.bench.transformers_lane", "--gguf", str(model), "--prompts",
+               str(prompts_file), "--concurrency", ",".join(map(str, concurrency)), "--tokens", str(a.tokens),
+               "--threads", str(a.threads), "--out", str(out_file)]
+        log = self.work / "transformers.log"
+        with open(log, "w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=child_env())
+            watch = RssWatch(proc.pid)
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    length, c = json.loads(line)["cell"]
+                    progress(f"prompt {length}, concurrency {c} done")
+            code = proc.wait()
+            rss = watch.result()
+        if code != 0:
+            raise RuntimeError(f"transformers lane exited {code}: {log.read_text()[-1500:]}")
+        result = json.loads(out_file.read_text())
+        return {"cells": result["cells"], "tokens": {int(k): v for k, v in result["tokens"].items()},
+                "processes": [{"role": "python (transformers)", "peak_rss_bytes": rss}], "peak_rss_bytes": rss,
+                "notes": [f"fp32, torch threads {a.threads}; c streams run as one batch (lockstep)"]}
+
+    def route(self, model: Path, backend: str, k: int, prompts: dict, concurrency: list[int], progress: Progress,
+              wan: Optional[WanLink] = None, options: RouteOptions = RouteOptions()) -> dict:
+        a = self.args
+        facts = self.facts(model)
+        lane_cuts = even_cuts(facts["summary"].n_layer, k)
+        extra = {}
+        if wan is not None:
+            extra = {"host": wan.host, "node_hosts": [wan.node_host(i) for i in range(k)],
+                     "node_prefixes": [wan.prefix(i) for i in range(k)]}
+        workdir = self.work / (f"{backend}-{k}-{model.stem}{'-wan' if wan else ''}"
+                               f"{'-plaintext' if options.insecure else ''}{'-ring' if options.ring else ''}"
+                               f"{f'-delay{options.delay_ms:g}' if options.delay_ms is not None else ''}"
+                               f"{f'-spec{options.speculate}' if options.speculate else ''}"
+                               f"-p{min(prompts)}")
+        result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts, concurrency,
+                                      a.tokens, a.threads, self.node_kv_tokens, progress, options=options, **extra)
+        processes, nodes = [], []
+        for node, cut in zip(result["nodes"], lane_cuts):
+            processes += node["processes"]
+            rss = sum(p["peak_rss_bytes"] or 0 for p in node["processes"])
+            kv = node["kv_cells_total"] * facts["kv_bytes_per_token_layer"] * (cut[1] - cut[0])
+            nodes.append({"node": node["node"], "layers": list(cut), "peak_rss_bytes": rss,
+                          "weight_bytes": facts["weight_bytes"](*cut), "kv_bytes": kv})
+        notes = [f"{backend} backend, {a.threads} compute threads per node, swarm ready in {result['startup_s']} s",
+                 "plaintext links (--insecure), route tickets checked" if options.insecure else
+                 "TLS on every link (pinned certificates), route tickets checked",
+                 "ring decode: the last hop sends each token to the first hop" if options.ring else
+                 "client-driven decode: the client sends each decode step"]
+        if options.delay_ms is not None:
+            notes.append(f"every link into a node through a delay proxy: {options.delay_ms:g} ms one-way, "
+                         f"{options.rate_mbit:g} Mbit/s")
+        if options.speculate:
+            notes.append(f"speculation: the first hop drafts up to {options.speculate} tokens per step by prompt "
+                         "lookup; cells report drafted and accepted tokens")
+        if backend == "reference":
+            notes.append("the reference shard does not report compute time, so seam overhead is n/a")
+        return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
+                "peak_rss_bytes": sum(n["peak_rss_bytes"] for n in nodes), "kv_bytes": sum(n["kv_bytes"] for n in nodes),
+                "notes": notes}
+
+    def gateway(self, model: Path, prompts: dict, progress: Progress) -> dict:
+        a = self.args
+        short = min(prompts)
+        lane = gateway_lane.run_lane(self.work / f"gateway-{a.k}-{model.stem}", model,
+                                     even_cuts(self.n_layer(model), a.k), a.worker_binary, prompts[short], a.tokens,
+                                     a.threads, progress)
+        lane["notes"].append(f"{a.threads} compute threads per node; swarm and gateway ready in {lane['startup_s']} s")
+        return lane
+
+    def facts(self, model: Path) -> dict:
+        if model not in self._facts:
+            self._facts[model] = model_facts(model)
+        return self._facts[model]
+
+    def n_layer(self, model: Path) -> int:
+        return self.facts(model)["summary"].n_layer
+
+    def drift(self, model: Path) -> dict:
+        out = self.work / f"drift-{model.stem}.json"
+        subprocess.run([sys.executable, "-m", "meshnet.bench.drift", "--gguf", str(model), "--dump-logits",
+                        str(self.args.dump_logits), "--out", str(out)], check=True, capture_output=True,
+                       env=child_env())
+        d = json.loads(out.read_text())
+        return {"top1_agreement": d["top1_agreement"], "mean_kl": d["mean_kl_transformers_to_gguf"],
+                "max_kl": d["max_kl"], "positions": d["positions"]}
+
+
+class LaneUnavailable(Exception):
+    """The lane cannot run here (a missing component or privilege); the message says why."""
+
+
+def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt_lengths: list[int],
+              concurrency: list[int], progress: Progress) -> dict:
+    k, lanes = bench.args.k, {}
+    runners = {
+        "transformers_single_process": lambda: bench.transformers(model, prompts, concurrency, progress),
+        "llama_cpp_single_process": lambda: bench.llama_single(model, prompt_lengths, concurrency),
+        "llama_cpp_rpc_3": lambda: bench.llama_rpc(model),
+        "gguf_route_1_node": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress),
+        "gguf_route_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress),
+        "gguf_route_3_nodes_plaintext": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                            options=RouteOptions(insecure=True)),
+        "gguf_ring_1_node": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress,
+                                                options=RouteOptions(ring=True)),
+        "gguf_ring_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                 options=RouteOptions(ring=True)),
+        "wan_10ms_gguf_route_3_nodes": lambda: proxy_wan_lane(bench, model, prompts, progress, 10, ring=False),
+        "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                      options=RouteOptions(ring=True, speculate=SPECULATE)),
+        "wan_10ms_gguf_ring_3_nodes_copy": lambda: copy_lane(bench, model, progress, speculate=0),
+        "wan_10ms_gguf_ring_3_nodes_spec_copy": lambda: copy_lane(bench, model, progress, speculate=SPECULATE),
+        "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
+        "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
+        "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),
+    }
+    for d in WAN_DELAYS_MS:
+        ring_lane, rpc_lane = wan_lane_names(d)
+        runners[ring_lane] = lambda d=d: proxy_wan_lane(bench, model, prompts, progress, d, ring=True)
+        runners[rpc_lane] = lambda d=d: bench.llama_rpc(model, delay_ms=d)
+    for name in names:
+        lanes[name] = bench.lane(name, runners[name], progress, k)
+    for spec, plain in (("gguf_ring_3_nodes_spec", "gguf_ring_3_nodes"),
+                        ("wan_10ms_gguf_ring_3_nodes_spec_copy", "wan_10ms_gguf_ring_3_nodes_copy")):
+        if lanes.get(spec, {}).get("available") and lanes.get(plain, {}).get("available"):
+            same = lanes[spec]["tokens"] == lanes[plain]["tokens"]
+            lanes[spec].setdefault("figures", {})["tokens_identical"] = int(same)
+            lanes[spec]["notes"].append(f"single-stream tokens {'identical to' if same else 'DIFFER from'} {plain}")
+    reference = lanes.get("transformers_single_process", {}).get("tokens", {})
+    for lane in lanes.values():
+        tokens = lane.pop("tokens", {})
+        for length, ids in tokens.items():
+            if length in reference:
+                find_cell(lane, length, 1)["tokens_matching_transformers"] = common_prefix(ids, reference[length])
+    return lanes
+
+
+def wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress) -> dict:
+    a = bench.args
+    why = WanLink.unavailable()
+    if why:
+        raise LaneUnavailable(why)
+    wan_prompts = {length: prompts[length] for length in [int(x) for x in a.wan_prompts.split(",")]}
+    with WanLink(a.k, a.wan_delay_ms, a.wan_rate_mbit) as link:
+        lane = bench.route(model, "gguf", a.k, wan_prompts, [int(x) for x in a.wan_concurrency.split(",")],
+                           progress, wan=link)
+        lane["notes"] += link.notes
+        lane["wan"] = link.applied
+    return lane
+
+
+def proxy_wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress, delay_ms: float,
+                   ring: bool) -> dict:
+    """A GGUF route of K nodes, each behind a DelayProxy (every link into a node delayed)."""
+    a = bench.args
+    wan_prompts = {length: prompts[length] for length in bench.wan_prompt_lengths}
+    return bench.route(model, "gguf", a.k, wan_prompts, bench.wan_concurrency, progress,
+                       options=RouteOptions(ring=ring, delay_ms=delay_ms, rate_mbit=a.wan_rate_mbit))
+
+
+def copy_lane(bench: Bench, model: Path, progress: Progress, speculate: int) -> dict:
+    """The copy-heavy prompts one at a time (each its own cell), K nodes behind 10 ms delay
+    proxies; the lane's decode rate is all decode tokens over all decode time."""
+    from meshnet.reference.model import load_tokenizer
+
+    a = bench.args
+    tokenizer = load_tokenizer(model)
+    prompts = {len(ids): [ids] for ids in (tokenizer(p)["input_ids"] for p in COPY_HEAVY)}
+    lane = bench.route(model, "gguf", a.k, prompts, [1], progress,
+                       options=RouteOptions(ring=True, speculate=speculate, delay_ms=10, rate_mbit=a.wan_rate_mbit))
+    cells = [c for c in lane["cells"] if c.get("decode_tok_s")]
+    seconds = sum((c["new_tokens"] - 1) / c["decode_tok_s"] for c in cells)
+    lane["figures"] = {"decode_tok_s": sum(c["new_tokens"] - 1 for c in cells) / seconds if seconds else None}
+    lane["notes"].append(f"{len(COPY_HEAVY)} copy-heavy prompts (python/meshnet/bench/prompts.py), one stream each"
+                         + (f"; speculation: up to {speculate} drafted tokens per step" if speculate else ""))
+    return lane
