@@ -678,9 +678,10 @@ std::optional<protocol::SeamFrame> ShardService::Draft(Live& live, const protoco
     live.prompt_length = count;
     live.last_drafted = 0;
   }
+  if (live.drafts.max() == 0) return std::nullopt;  // no speculation: no token history either
   live.history.resize(std::min<uint64_t>(start, live.history.size()));
   live.history.insert(live.history.end(), in.token_ids.begin(), in.token_ids.end());
-  if (!in.ring || in.phase != Phase::kDecode || count != 1 || live.drafts.max() == 0) return std::nullopt;
+  if (!in.ring || in.phase != Phase::kDecode || count != 1) return std::nullopt;
   if (live.last_drafted > 0 && start > live.last_start) {
     live.drafts.Record(live.last_drafted, static_cast<uint32_t>(start - live.last_start - 1));
   }

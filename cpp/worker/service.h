@@ -131,8 +131,8 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   protocol::Status CheckTokens(const protocol::SeamFrame& frame) const;
   // A speculative ring step's drafted ids: one fewer than its span, at most kMaxDraftTokens.
   protocol::Status CheckDrafts(const protocol::SeamFrame& frame) const;
-  // First hop: keeps the session's token history and, for a ring decode step of a session that
-  // asked for speculation, returns the step with prompt-lookup drafts appended (else nullopt).
+  // First hop: for a session that asked for speculation, keeps its token history and, on a ring
+  // decode step, returns the step with prompt-lookup drafts appended (else nullopt).
   std::optional<protocol::SeamFrame> Draft(Live& live, const protocol::SeamFrame& in);
   // The step's sampled tokens: with drafts, row by row while the sampler agrees with them (so
   // the tokens are those plain decoding gives), and whether they end the session's tokens.
