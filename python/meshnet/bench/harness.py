@@ -1,10 +1,11 @@
 """Meshnet benchmark: every lane on the same GGUF, prompts, threads and token counts, in one run.
 
   bazel run //python:bench -- [--out DIR] [--tokens 64] [--prompts 128,512] [--concurrency 1,8]
-                               [--threads 2] [--k 3] [--lanes a,b,...] [--no-runtime-only]
+                               [--all-cells] [--threads 1] [--k 3] [--lanes a,b,...] [--no-runtime-only]
 
 Defaults keep a full run under 25 minutes on a 2-core machine: concurrency 1 and 8 (add 2,4 for
-the whole curve), WAN lanes at one stream.
+the whole curve) for the shortest prompt, longer prompts (there for TTFT) at one stream unless
+--all-cells, WAN lanes at one stream.
 
 Lanes: (1) llama_cpp_single_process: upstream llama.cpp, one process (llama-batched-bench);
 (2) llama_cpp_rpc_3: the same tool over K local ggml-rpc-servers; (3) transformers_single_process
@@ -17,9 +18,10 @@ streams through it (gateway_lane.py). The gguf_route_* lanes are client-driven (
 sends each decode step, as in v1); gguf_ring_1_node and gguf_ring_3_nodes use ring decode
 (ADR 0005), and gguf_ring_3_nodes_spec adds speculation (up to SPECULATE drafts a step) on the
 same ordinary prompts. WAN lanes put a DelayProxy (bench/delay_proxy.py) in front of every node,
-or every ggml-rpc-server: wan_<d>ms_gguf_ring_3_nodes and wan_<d>ms_llama_cpp_rpc_3 for d in 5,
-10 and 25 ms one-way per link, wan_10ms_gguf_route_3_nodes (client-driven, N+1 trips), and
-the copy-heavy pair wan_10ms_gguf_ring_3_nodes_copy / _spec_copy (bench/prompts.py). A
+or every ggml-rpc-server: wan_<d>ms_gguf_ring_3_nodes, wan_<d>ms_llama_cpp_rpc_3 and the copy-heavy
+pair wan_<d>ms_gguf_ring_3_nodes_copy / _spec_copy (bench/prompts.py, without and with
+speculation) for d in 5, 10 and 25 ms one-way per link, and wan_10ms_gguf_route_3_nodes
+(client-driven, N+1 trips). A
 runtime-only comparison runs lanes 1, 3, 5 and 6
 again on the same weights dequantized to an F32 GGUF (`llama-quantize --allow-requantize IN OUT
 F32`), so runtime gains are reported apart from quantization gains. Drift: teacher-forced top-1
@@ -110,6 +112,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="output folder (default: bench-out/<time> in the workspace)")
     p.add_argument("--prompts", default="128,512", help="prompt lengths in tokens")
     p.add_argument("--concurrency", default="1,8")
+    p.add_argument("--all-cells", action="store_true", help="every prompt at every concurrency in the route and "
+                   "Transformers lanes (default: prompts longer than the shortest at concurrency 1 only)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per stream (64 to 256)")
     p.add_argument("--threads", type=int, default=1, help="compute threads of every process (see the module doc)")
     p.add_argument("--k", type=int, default=3, help="processes in the split lanes")

@@ -30,15 +30,16 @@ WAN_DELAYS_MS = (5, 10, 25)  # one-way delay per link in the proxy WAN lanes
 
 
 def wan_lane_names(delay_ms: int) -> tuple[str, ...]:
-    return (f"wan_{delay_ms}ms_gguf_ring_3_nodes", f"wan_{delay_ms}ms_llama_cpp_rpc_3")
+    """The lanes run at one delay: the ring, RPC, and the copy-heavy pair without and with speculation."""
+    return (f"wan_{delay_ms}ms_gguf_ring_3_nodes", f"wan_{delay_ms}ms_llama_cpp_rpc_3",
+            f"wan_{delay_ms}ms_gguf_ring_3_nodes_copy", f"wan_{delay_ms}ms_gguf_ring_3_nodes_spec_copy")
 
 
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
          "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
-         "gguf_ring_3_nodes_spec", "wan_10ms_gguf_ring_3_nodes_copy", "wan_10ms_gguf_ring_3_nodes_spec_copy",
-         "gateway_3_nodes")
+         "gguf_ring_3_nodes_spec", "gateway_3_nodes")
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
@@ -55,9 +56,10 @@ LABELS = {
        for d in WAN_DELAYS_MS},
     "wan_10ms_gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode, 10 ms one-way per link (delay proxy)",
     "gguf_ring_3_nodes_spec": "GGUF route, {k} nodes, ring decode with speculation (prompt lookup), ordinary prompts",
-    "wan_10ms_gguf_ring_3_nodes_copy": "GGUF route, {k} nodes, ring decode, copy-heavy prompts, 10 ms one-way per link",
-    "wan_10ms_gguf_ring_3_nodes_spec_copy": "GGUF route, {k} nodes, ring decode with speculation, copy-heavy prompts, "
-                                            "10 ms one-way per link",
+    **{f"wan_{d}ms_gguf_ring_3_nodes_copy": f"GGUF route, {{k}} nodes, ring decode, copy-heavy prompts, {d} ms one-way "
+       "per link" for d in WAN_DELAYS_MS},
+    **{f"wan_{d}ms_gguf_ring_3_nodes_spec_copy": f"GGUF route, {{k}} nodes, ring decode with speculation, copy-heavy "
+       f"prompts, {d} ms one-way per link" for d in WAN_DELAYS_MS},
     "gguf_route_3_nodes_plaintext": "GGUF route, {k} nodes, plaintext links (--insecure; tickets on)",
     "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
     "gateway_3_nodes": "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
@@ -137,6 +139,13 @@ class Bench:
         self.node_kv_tokens = max(max(self.concurrency), 8) * per_session
         self._facts: dict[Path, dict] = {}
 
+    def grid(self, prompt_lengths: list[int], concurrency: list[int]) -> list[tuple[int, int]]:
+        """The (prompt length, concurrency) cells a lane runs: the shortest prompt at every
+        concurrency, longer prompts (there for TTFT) at concurrency 1 only, unless --all-cells."""
+        short = min(prompt_lengths)
+        return [(length, c) for length in prompt_lengths for c in concurrency
+                if self.args.all_cells or length == short or c == 1]
+
     def lane(self, name: str, fn: Callable[[], dict], progress: Progress, k: int) -> dict:
         progress.start_lane(name)
         started = time.monotonic()
@@ -155,8 +164,8 @@ class Bench:
 
     def llama_single(self, model: Path, prompts: list[int], concurrency: list[int]) -> dict:
         a = self.args
-        lane = llama_lanes.single_process(a.batched_bench, model, prompts, concurrency, a.tokens, a.threads,
-                                          self.n_ctx, self.work)
+        lane = llama_lanes.single_process(a.batched_bench, model, self.grid(prompts, concurrency), a.tokens,
+                                          a.threads, self.n_ctx, self.work)
         lane["kv_bytes"] = self.n_ctx * self.facts(model)["kv_bytes_per_token_layer"] * self.n_layer(model)
         lane["notes"] = ["upstream llama.cpp (no Meshnet patches) at the pinned commit; prompts are random tokens "
                          "(batched-bench), so output drift is measured separately (teacher-forced)"]
@@ -167,7 +176,7 @@ class Bench:
         prompts, concurrency = self.prompt_lengths, self.concurrency
         if delay_ms is not None:
             prompts, concurrency = self.wan_prompt_lengths, self.wan_concurrency
-        lane = llama_lanes.rpc_split(a.batched_bench, a.rpc_server, model, a.k, prompts, concurrency,
+        lane = llama_lanes.rpc_split(a.batched_bench, a.rpc_server, model, a.k, self.grid(prompts, concurrency),
                                      a.tokens, a.threads, self.n_ctx, self.work, delay_ms,
                                      a.wan_rate_mbit if delay_ms is not None else None)
         lane["notes"] = [f"upstream llama.cpp, every layer offloaded to {a.k} ggml-rpc-servers on loopback "
@@ -183,7 +192,9 @@ class Bench:
         prompts_file.write_text(json.dumps({str(k): v for k, v in prompts.items()}))
         out_file = self.work / "transformers.json"
         cmd = [sys.executable, "-m", "meshnet.bench.transformers_lane", "--gguf", str(model), "--prompts",
-               str(prompts_file), "--concurrency", ",".join(map(str, concurrency)), "--tokens", str(a.tokens),
+               str(prompts_file), "--cells", ",".join(f"{length}x{c}" for length, c in self.grid(list(prompts),
+                                                                                                   concurrency)),
+               "--tokens", str(a.tokens),
                "--threads", str(a.threads), "--out", str(out_file)]
         log = self.work / "transformers.log"
         with open(log, "w") as err:
@@ -216,7 +227,8 @@ class Bench:
                                f"{f'-delay{options.delay_ms:g}' if options.delay_ms is not None else ''}"
                                f"{f'-spec{options.speculate}' if options.speculate else ''}"
                                f"-p{min(prompts)}")
-        result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts, concurrency,
+        result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts,
+                                      self.grid(list(prompts), concurrency),
                                       a.tokens, a.threads, self.node_kv_tokens, progress, options=options, **extra)
         processes, nodes = [], []
         for node, cut in zip(result["nodes"], lane_cuts):
@@ -291,20 +303,21 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "wan_10ms_gguf_route_3_nodes": lambda: proxy_wan_lane(bench, model, prompts, progress, 10, ring=False),
         "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                       options=RouteOptions(ring=True, speculate=SPECULATE)),
-        "wan_10ms_gguf_ring_3_nodes_copy": lambda: copy_lane(bench, model, progress, speculate=0),
-        "wan_10ms_gguf_ring_3_nodes_spec_copy": lambda: copy_lane(bench, model, progress, speculate=SPECULATE),
         "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
         "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
         "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),
     }
+    speculation_pairs = [("gguf_ring_3_nodes_spec", "gguf_ring_3_nodes")]
     for d in WAN_DELAYS_MS:
-        ring_lane, rpc_lane = wan_lane_names(d)
+        ring_lane, rpc_lane, copy, spec_copy = wan_lane_names(d)
         runners[ring_lane] = lambda d=d: proxy_wan_lane(bench, model, prompts, progress, d, ring=True)
         runners[rpc_lane] = lambda d=d: bench.llama_rpc(model, delay_ms=d)
+        runners[copy] = lambda d=d: copy_lane(bench, model, progress, d, speculate=0)
+        runners[spec_copy] = lambda d=d: copy_lane(bench, model, progress, d, speculate=SPECULATE)
+        speculation_pairs.append((spec_copy, copy))
     for name in names:
         lanes[name] = bench.lane(name, runners[name], progress, k)
-    for spec, plain in (("gguf_ring_3_nodes_spec", "gguf_ring_3_nodes"),
-                        ("wan_10ms_gguf_ring_3_nodes_spec_copy", "wan_10ms_gguf_ring_3_nodes_copy")):
+    for spec, plain in speculation_pairs:
         if lanes.get(spec, {}).get("available") and lanes.get(plain, {}).get("available"):
             same = lanes[spec]["tokens"] == lanes[plain]["tokens"]
             lanes[spec].setdefault("figures", {})["tokens_identical"] = int(same)
@@ -341,16 +354,17 @@ def proxy_wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress,
                        options=RouteOptions(ring=ring, delay_ms=delay_ms, rate_mbit=a.wan_rate_mbit))
 
 
-def copy_lane(bench: Bench, model: Path, progress: Progress, speculate: int) -> dict:
-    """The copy-heavy prompts one at a time (each its own cell), K nodes behind 10 ms delay
-    proxies; the lane's decode rate is all decode tokens over all decode time."""
+def copy_lane(bench: Bench, model: Path, progress: Progress, delay_ms: float, speculate: int) -> dict:
+    """The copy-heavy prompts one at a time (each its own cell), K nodes behind delay proxies of
+    `delay_ms`; the lane's decode rate is all decode tokens over all decode time."""
     from meshnet.reference.model import load_tokenizer
 
     a = bench.args
     tokenizer = load_tokenizer(model)
     prompts = {len(ids): [ids] for ids in (tokenizer(p)["input_ids"] for p in COPY_HEAVY)}
     lane = bench.route(model, "gguf", a.k, prompts, [1], progress,
-                       options=RouteOptions(ring=True, speculate=speculate, delay_ms=10, rate_mbit=a.wan_rate_mbit))
+                       options=RouteOptions(ring=True, speculate=speculate, delay_ms=delay_ms,
+                                            rate_mbit=a.wan_rate_mbit))
     cells = [c for c in lane["cells"] if c.get("decode_tok_s")]
     seconds = sum((c["new_tokens"] - 1) / c["decode_tok_s"] for c in cells)
     lane["figures"] = {"decode_tok_s": sum(c["new_tokens"] - 1 for c in cells) / seconds if seconds else None}

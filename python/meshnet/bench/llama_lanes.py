@@ -49,6 +49,18 @@ def _command(binary: Path, gguf: Path, prompts: Sequence[int], concurrency: Sequ
             "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
 
 
+def grid_commands(grid: Sequence[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
+    """batched-bench runs every -npp with every -npl; the (prompts, concurrency) runs that cover
+    `grid`'s (prompt, concurrency) cells exactly: one per distinct concurrency list, in order."""
+    by_prompt: dict[int, list[int]] = {}
+    for length, c in grid:
+        by_prompt.setdefault(length, []).append(c)
+    runs: dict[tuple[int, ...], list[int]] = {}
+    for length, conc in by_prompt.items():
+        runs.setdefault(tuple(conc), []).append(length)
+    return [(prompts, list(conc)) for conc, prompts in runs.items()]
+
+
 def _run(cmd: list[str], log: Path) -> tuple[str, int]:
     """Runs batched-bench; (stdout + stderr, its peak RSS). RuntimeError with the log tail on failure."""
     with open(log, "w") as out:
@@ -62,16 +74,20 @@ def _run(cmd: list[str], log: Path) -> tuple[str, int]:
     return text, rss
 
 
-def single_process(binary: Path, gguf: Path, prompts: Sequence[int], concurrency: Sequence[int], tokens: int,
-                   threads: int, n_ctx: int, workdir: Path) -> dict:
-    cmd = _command(binary, gguf, prompts, concurrency, tokens, threads, n_ctx)
-    text, rss = _run(cmd, workdir / "llama_cpp_single_process.log")
-    return {"cells": batched_bench_cells(text), "processes": [{"role": "llama-batched-bench", "peak_rss_bytes": rss}],
-            "peak_rss_bytes": rss, "command": " ".join(cmd[1:])}
+def single_process(binary: Path, gguf: Path, grid: Sequence[tuple[int, int]], tokens: int, threads: int,
+                   n_ctx: int, workdir: Path) -> dict:
+    cells, rss, commands = [], 0, []
+    for i, (prompts, concurrency) in enumerate(grid_commands(grid)):
+        cmd = _command(binary, gguf, prompts, concurrency, tokens, threads, n_ctx)
+        text, run_rss = _run(cmd, workdir / f"llama_cpp_single_process-{i}.log")
+        cells += batched_bench_cells(text)
+        rss, commands = max(rss, run_rss), commands + [" ".join(cmd[1:])]
+    return {"cells": cells, "processes": [{"role": "llama-batched-bench", "peak_rss_bytes": rss}],
+            "peak_rss_bytes": rss, "command": " ; ".join(commands)}
 
 
-def rpc_split(binary: Path, rpc_server: Path, gguf: Path, servers: int, prompts: Sequence[int],
-              concurrency: Sequence[int], tokens: int, threads: int, n_ctx: int, workdir: Path,
+def rpc_split(binary: Path, rpc_server: Path, gguf: Path, servers: int, grid: Sequence[tuple[int, int]],
+              tokens: int, threads: int, n_ctx: int, workdir: Path,
               delay_ms: Optional[float] = None, rate_mbit: Optional[float] = None) -> dict:
     """With `delay_ms`, the client reaches each rpc-server through a DelayProxy (that one-way
     delay and `rate_mbit` on each link), as the GGUF route's WAN lanes reach each node."""
@@ -85,9 +101,13 @@ def rpc_split(binary: Path, rpc_server: Path, gguf: Path, servers: int, prompts:
         if delay_ms is not None:
             proxies = [DelayProxy(delay_ms, rate_mbit, target=("127.0.0.1", port)) for port in ports]
         dialed = [p.port for p in proxies] or ports
-        cmd = _command(binary, gguf, prompts, concurrency, tokens, threads, n_ctx)
-        cmd += ["--rpc", ",".join(f"127.0.0.1:{p}" for p in dialed), "-ngl", "99"]
-        text, client_rss = _run(cmd, workdir / "llama_cpp_rpc.log")
+        cells, client_rss, commands = [], 0, []
+        for i, (prompts, concurrency) in enumerate(grid_commands(grid)):
+            cmd = _command(binary, gguf, prompts, concurrency, tokens, threads, n_ctx)
+            cmd += ["--rpc", ",".join(f"127.0.0.1:{p}" for p in dialed), "-ngl", "99"]
+            text, run_rss = _run(cmd, workdir / f"llama_cpp_rpc-{i}.log")
+            cells += batched_bench_cells(text)
+            client_rss, commands = max(client_rss, run_rss), commands + [" ".join(cmd[1:])]
         processes = [{"role": "llama-batched-bench (RPC client)", "peak_rss_bytes": client_rss}]
         for i, proc in enumerate(procs):
             processes.append({"role": f"ggml-rpc-server {i}", "peak_rss_bytes": peak_rss_bytes(proc.pid)})
@@ -99,8 +119,8 @@ def rpc_split(binary: Path, rpc_server: Path, gguf: Path, servers: int, prompts:
             proc.wait()
         for log in logs:
             log.close()
-    return {"cells": batched_bench_cells(text), "processes": processes,
-            "peak_rss_bytes": sum(p["peak_rss_bytes"] or 0 for p in processes), "command": " ".join(cmd[1:])}
+    return {"cells": cells, "processes": processes,
+            "peak_rss_bytes": sum(p["peak_rss_bytes"] or 0 for p in processes), "command": " ; ".join(commands)}
 
 
 def _wait_listening(ports: Sequence[int], procs: Sequence[subprocess.Popen], timeout: float = 30.0) -> None:

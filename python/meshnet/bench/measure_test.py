@@ -79,3 +79,21 @@ def test_cuts_cover_every_layer():
     assert even_cuts(30, 1) == [(0, 30)]
     parts = even_cuts(31, 4)
     assert parts[0][0] == 0 and parts[-1][1] == 31 and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+
+
+def test_grid_runs_long_prompts_at_one_stream_unless_all_cells():
+    import argparse
+
+    bench = lanes.Bench.__new__(lanes.Bench)
+    bench.args = argparse.Namespace(all_cells=False)
+    assert bench.grid([128, 512], [1, 8]) == [(128, 1), (128, 8), (512, 1)]
+    bench.args.all_cells = True
+    assert bench.grid([128, 512], [1, 8]) == [(128, 1), (128, 8), (512, 1), (512, 8)]
+
+
+def test_batched_bench_runs_cover_the_grid_exactly():
+    runs = llama_lanes.grid_commands([(128, 1), (128, 8), (512, 1), (1024, 1)])
+    assert runs == [([128], [1, 8]), ([512, 1024], [1])]
+    covered = sorted((p, c) for prompts, conc in runs for p in prompts for c in conc)
+    assert covered == [(128, 1), (128, 8), (512, 1), (1024, 1)]
+    assert llama_lanes.grid_commands([(128, 1), (128, 8), (512, 1), (512, 8)]) == [([128, 512], [1, 8])]

@@ -163,10 +163,12 @@ def node_memory(swarm: LocalSwarm) -> list[dict]:
 
 
 def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend: str, worker: Optional[Path],
-             prompts: dict[int, list[list[int]]], concurrency: Sequence[int], tokens: int, threads: int,
+             prompts: dict[int, list[list[int]]], cells: Sequence[tuple[int, int]], tokens: int, threads: int,
              max_kv_tokens: int, progress: Progress, *, host: str = "127.0.0.1", node_hosts: Sequence[str] = (),
              node_prefixes: Sequence[Sequence[str]] = (), options: RouteOptions = RouteOptions()) -> dict:
+    """Runs each (prompt length, concurrency) cell of `cells`, in order, on one swarm."""
     started = time.perf_counter()
+    concurrency = [c for _, c in cells]
     proxies = [DelayProxy(options.delay_ms, options.rate_mbit) for _ in cuts] if options.delay_ms is not None else []
     try:
         with LocalSwarm(workdir, gguf, cuts, model="bench-model", backend=backend, worker_binary=worker,
@@ -176,26 +178,25 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend
             for proxy, node in zip(proxies, swarm.nodes.values()):  # nodes in cut order
                 proxy.target = (node.host, node.port)
             startup_s = time.perf_counter() - started
-            return _measure(swarm, prompts, concurrency, tokens, progress, options, len(cuts), startup_s)
+            return _measure(swarm, prompts, cells, tokens, progress, options, len(cuts), startup_s)
     finally:
         for proxy in proxies:
             proxy.close()
 
 
-def _measure(swarm: LocalSwarm, prompts: dict[int, list[list[int]]], concurrency: Sequence[int], tokens: int,
+def _measure(swarm: LocalSwarm, prompts: dict[int, list[list[int]]], grid: Sequence[tuple[int, int]], tokens: int,
              progress: Progress, options: RouteOptions, hops: int, startup_s: float) -> dict:
     with swarm.client() as tracker:
         channels = swarm.shard_channels(direct=True)
         probe = HealthProbe([channels[node_id] for node_id in swarm.nodes])
         run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4, options, hops)  # warm-up
         cells, tokens_c1 = [], {}
-        for length, streams in prompts.items():
-            for c in concurrency:
-                progress(f"prompt {length}, concurrency {c}")
-                cell, outs = run_cell(tracker, probe, streams[:c], tokens, options, hops)
-                cells.append(cell)
-                if c == 1:
-                    tokens_c1[length] = outs[0]
+        for length, c in grid:
+            progress(f"prompt {length}, concurrency {c}")
+            cell, outs = run_cell(tracker, probe, prompts[length][:c], tokens, options, hops)
+            cells.append(cell)
+            if c == 1:
+                tokens_c1[length] = outs[0]
         health = probe.snapshot()
     nodes = node_memory(swarm)
     for node, reply in zip(nodes, health):

@@ -1,7 +1,7 @@
 """Lane 3: HF Transformers in one process (fp32, the GGUF's weights dequantized), greedy.
 
   python -m meshnet.bench.transformers_lane --gguf M.gguf --prompts prompts.json --out cells.json
-      --concurrency 1,2,4,8 --tokens 64 --threads 2
+      --cells 128x1,128x8,512x1 --tokens 64 --threads 2
 
 Run as a child of the harness so its peak RSS is its own. At concurrency c the c prompts (same
 length, so no padding) go through the model as one batch: one prefill forward, then one decode
@@ -50,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=Path, required=True)
     parser.add_argument("--prompts", type=Path, required=True, help='JSON {"128": [[ids], ...], ...}')
-    parser.add_argument("--concurrency", default="1,2,4,8")
+    parser.add_argument("--cells", required=True, help="PROMPTxCONCURRENCY,... in the order to run")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
@@ -61,14 +61,13 @@ def main() -> None:
     first = next(iter(prompts.values()))[0]
     run_cell(model, [first[:16]], 4)  # warm-up
     cells, tokens = [], {}
-    for length, streams in prompts.items():
-        for c in (int(x) for x in args.concurrency.split(",")):
-            figures, out = run_cell(model, streams[:c], args.tokens)
-            cells.append({"prompt_tokens": length, "concurrency": c, "new_tokens": args.tokens, "failures": 0,
-                          **rounded(figures)})
-            if c == 1:
-                tokens[length] = out[0]
-            print(json.dumps({"cell": [length, c]}), flush=True)  # progress for the harness
+    for length, c in (map(int, cell.split("x")) for cell in args.cells.split(",")):
+        figures, out = run_cell(model, prompts[length][:c], args.tokens)
+        cells.append({"prompt_tokens": length, "concurrency": c, "new_tokens": args.tokens, "failures": 0,
+                      **rounded(figures)})
+        if c == 1:
+            tokens[length] = out[0]
+        print(json.dumps({"cell": [length, c]}), flush=True)  # progress for the harness
     args.out.write_text(json.dumps({"cells": cells, "tokens": tokens}))
 
 
