@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import grpc
 
-from meshnet.identity import tickets, tls
+from meshnet.identity import certificates, tickets, tls
 from meshnet.identity.keys import Identity
 from meshnet.process import listening_port
 from meshnet.protocol import seam
@@ -49,7 +49,7 @@ class HopProcess:
         self.backend, self.layers = backend, layers
         self.identity = Identity.generate()
         self.node_id = self.identity.node_id
-        cert, key = tls.node_certificate()
+        cert, key = certificates.node_certificate()
         self.cert = cert
         name = f"{backend}-{layers[0]}-{layers[1]}"
         cert_path = tls.write_private(workdir / f"{name}.crt", cert)

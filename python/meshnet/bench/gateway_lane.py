@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from meshnet.bench.measure import cell_figures, percentile, rounded
+from meshnet.bench.schema import Lane
 from meshnet.client.session import GenerationParams, RouteSession
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.swarm.local import LocalSwarm
@@ -71,7 +72,7 @@ def _side(runs: Sequence[tuple[float, list[float]]]) -> dict:
 
 def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], worker: Path, prompts: list[list[int]],
              tokens: int, threads: int, progress: Callable[[str], None], *, repeats: int = 6,
-             streams: int = 32) -> dict:
+             streams: int = 32) -> Lane:
     started = time.perf_counter()
     kv = streams * (max(len(p) for p in prompts) + tokens + 8)
     with LocalSwarm(workdir, gguf, cuts, model=MODEL, backend="gguf", worker_binary=worker, threads=threads,

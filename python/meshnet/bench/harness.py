@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from meshnet.bench import contract, llama_lanes, report
+from meshnet.bench import contract, llama_lanes, report, schema
 from meshnet.bench.lanes import LANES, RUNTIME_ONLY, Bench, Progress, make_prompts, run_group
 from meshnet.bench.measure import find_cell
 
@@ -188,6 +188,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if wan.get("available"):
             results["wan"] = {"applied": wan.get("wan"), "notes": wan.get("notes", [])}
         results["meta"]["duration_s"] = round(time.monotonic() - t0, 1)
+        results["meta"]["schema_problems"] = schema.problems(results)  # bench/schema.py; [] when it conforms
+        for problem in results["meta"]["schema_problems"]:
+            print(f"results do not fit bench/schema.py: {problem}", file=sys.stderr)
         results["contract_figures"] = contract_figures(results)
     contract_path = args.contract or workspace / "docs" / "performance-contract.json"
     contract_doc = json.loads(contract_path.read_text())

@@ -21,6 +21,7 @@ from meshnet.bench import gateway_lane, llama_lanes, route_lanes
 from meshnet.bench.measure import RssWatch, find_cell
 from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
 from meshnet.bench.route_lanes import RouteOptions
+from meshnet.bench.schema import Lane
 from meshnet.process import child_env
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 from meshnet.swarm.local import even_cuts
@@ -146,7 +147,7 @@ class Bench:
         return [(length, c) for length in prompt_lengths for c in concurrency
                 if self.args.all_cells or length == short or c == 1]
 
-    def lane(self, name: str, fn: Callable[[], dict], progress: Progress, k: int) -> dict:
+    def lane(self, name: str, fn: Callable[[], Lane], progress: Progress, k: int) -> Lane:
         progress.start_lane(name)
         started = time.monotonic()
         try:
@@ -162,7 +163,7 @@ class Bench:
         progress("done" if lane["available"] else f"not available: {lane['reason']}")
         return lane
 
-    def llama_single(self, model: Path, prompts: list[int], concurrency: list[int]) -> dict:
+    def llama_single(self, model: Path, prompts: list[int], concurrency: list[int]) -> Lane:
         a = self.args
         lane = llama_lanes.single_process(a.batched_bench, model, self.grid(prompts, concurrency), a.tokens,
                                           a.threads, self.n_ctx, self.work)
@@ -171,7 +172,7 @@ class Bench:
                          "(batched-bench), so output drift is measured separately (teacher-forced)"]
         return lane
 
-    def llama_rpc(self, model: Path, delay_ms: Optional[float] = None) -> dict:
+    def llama_rpc(self, model: Path, delay_ms: Optional[float] = None) -> Lane:
         a = self.args
         prompts, concurrency = self.prompt_lengths, self.concurrency
         if delay_ms is not None:
@@ -186,7 +187,7 @@ class Bench:
                                  f"{a.wan_rate_mbit:g} Mbit/s per link")
         return lane
 
-    def transformers(self, model: Path, prompts: dict, concurrency: list[int], progress: Progress) -> dict:
+    def transformers(self, model: Path, prompts: dict, concurrency: list[int], progress: Progress) -> Lane:
         a = self.args
         prompts_file = self.work / "prompts.json"
         prompts_file.write_text(json.dumps({str(k): v for k, v in prompts.items()}))
@@ -214,7 +215,7 @@ class Bench:
                 "notes": [f"fp32, torch threads {a.threads}; c streams run as one batch (lockstep)"]}
 
     def route(self, model: Path, backend: str, k: int, prompts: dict, concurrency: list[int], progress: Progress,
-              wan: Optional[WanLink] = None, options: RouteOptions = RouteOptions()) -> dict:
+              wan: Optional[WanLink] = None, options: RouteOptions = RouteOptions()) -> Lane:
         a = self.args
         facts = self.facts(model)
         lane_cuts = even_cuts(facts["summary"].n_layer, k)
@@ -254,7 +255,7 @@ class Bench:
                 "peak_rss_bytes": sum(n["peak_rss_bytes"] for n in nodes), "kv_bytes": sum(n["kv_bytes"] for n in nodes),
                 "notes": notes}
 
-    def gateway(self, model: Path, prompts: dict, progress: Progress) -> dict:
+    def gateway(self, model: Path, prompts: dict, progress: Progress) -> Lane:
         a = self.args
         short = min(prompts)
         lane = gateway_lane.run_lane(self.work / f"gateway-{a.k}-{model.stem}", model,
@@ -286,7 +287,7 @@ class LaneUnavailable(Exception):
 
 
 def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt_lengths: list[int],
-              concurrency: list[int], progress: Progress) -> dict:
+              concurrency: list[int], progress: Progress) -> dict[str, Lane]:
     k, lanes = bench.args.k, {}
     runners = {
         "transformers_single_process": lambda: bench.transformers(model, prompts, concurrency, progress),
@@ -331,7 +332,7 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
     return lanes
 
 
-def wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress) -> dict:
+def wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress) -> Lane:
     a = bench.args
     why = WanLink.unavailable()
     if why:
@@ -346,7 +347,7 @@ def wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress) -> di
 
 
 def proxy_wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress, delay_ms: float,
-                   ring: bool) -> dict:
+                   ring: bool) -> Lane:
     """A GGUF route of K nodes, each behind a DelayProxy (every link into a node delayed)."""
     a = bench.args
     wan_prompts = {length: prompts[length] for length in bench.wan_prompt_lengths}
@@ -354,7 +355,7 @@ def proxy_wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress,
                        options=RouteOptions(ring=ring, delay_ms=delay_ms, rate_mbit=a.wan_rate_mbit))
 
 
-def copy_lane(bench: Bench, model: Path, progress: Progress, delay_ms: float, speculate: int) -> dict:
+def copy_lane(bench: Bench, model: Path, progress: Progress, delay_ms: float, speculate: int) -> Lane:
     """The copy-heavy prompts one at a time (each its own cell), K nodes behind delay proxies of
     `delay_ms`; the lane's decode rate is all decode tokens over all decode time."""
     from meshnet.reference.model import load_tokenizer

@@ -19,12 +19,13 @@ from typing import Callable, Optional, Sequence
 
 from meshnet.bench.delay_proxy import DelayProxy
 from meshnet.bench.measure import RssWatch, peak_rss_bytes
+from meshnet.bench.schema import Cell, Lane
 from meshnet.process import free_port
 
 Progress = Callable[[str], None]
 
 
-def batched_bench_cells(output: str) -> list[dict]:
+def batched_bench_cells(output: str) -> list[Cell]:
     """Cells from batched-bench's `--output-format jsonl` lines (other lines are ignored)."""
     cells = []
     for line in output.splitlines():
@@ -75,7 +76,7 @@ def _run(cmd: list[str], log: Path) -> tuple[str, int]:
 
 
 def single_process(binary: Path, gguf: Path, grid: Sequence[tuple[int, int]], tokens: int, threads: int,
-                   n_ctx: int, workdir: Path) -> dict:
+                   n_ctx: int, workdir: Path) -> Lane:
     cells, rss, commands = [], 0, []
     for i, (prompts, concurrency) in enumerate(grid_commands(grid)):
         cmd = _command(binary, gguf, prompts, concurrency, tokens, threads, n_ctx)
@@ -88,7 +89,7 @@ def single_process(binary: Path, gguf: Path, grid: Sequence[tuple[int, int]], to
 
 def rpc_split(binary: Path, rpc_server: Path, gguf: Path, servers: int, grid: Sequence[tuple[int, int]],
               tokens: int, threads: int, n_ctx: int, workdir: Path,
-              delay_ms: Optional[float] = None, rate_mbit: Optional[float] = None) -> dict:
+              delay_ms: Optional[float] = None, rate_mbit: Optional[float] = None) -> Lane:
     """With `delay_ms`, the client reaches each rpc-server through a DelayProxy (that one-way
     delay and `rate_mbit` on each link), as the GGUF route's WAN lanes reach each node."""
     ports = [free_port() for _ in range(servers)]

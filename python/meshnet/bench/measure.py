@@ -18,7 +18,10 @@ import bisect
 import statistics
 import threading
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:
+    from meshnet.bench.schema import Cell, Lane
 
 
 def percentile(values: Sequence[float], q: float) -> Optional[float]:
@@ -32,7 +35,7 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def find_cell(lane: dict, prompt: int, concurrency: int) -> dict:
+def find_cell(lane: "Lane", prompt: int, concurrency: int) -> "Cell":
     """The lane's cell for (prompt tokens, concurrency), or {} when it did not run."""
     for cell in lane.get("cells") or []:
         if cell.get("prompt_tokens") == prompt and cell.get("concurrency") == concurrency:

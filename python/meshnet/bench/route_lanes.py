@@ -29,6 +29,7 @@ import psutil
 
 from meshnet.bench.delay_proxy import DelayProxy
 from meshnet.bench.measure import cell_figures, peak_rss_bytes, rounded
+from meshnet.bench.schema import Cell
 from meshnet.client.session import GenerationParams, RouteSession
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
@@ -100,7 +101,7 @@ def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.E
 
 
 def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[int]], tokens: int,
-             options: RouteOptions = RouteOptions(), hops: int = 1) -> dict:
+             options: RouteOptions = RouteOptions(), hops: int = 1) -> tuple[Cell, list[list[int]]]:
     c = len(prompts)
     times: list[list[float]] = [[] for _ in range(c)]
     outs: list[list[int]] = [[] for _ in range(c)]
@@ -127,7 +128,7 @@ def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[
     seam_bytes = sum(a.seam_bytes_in - b.seam_bytes_in for a, b in zip(after, before))
     compute_s = sum(a.compute_us - b.compute_us for a, b in zip(after, before)) / 1e6
     positions = sum(len(p) for p in prompts) + sum(len(o) for o in outs)
-    cell = {"prompt_tokens": len(prompts[0]), "concurrency": c, "new_tokens": tokens, **figures,
+    cell: Cell = {"prompt_tokens": len(prompts[0]), "concurrency": c, "new_tokens": tokens, **figures,
             "seam_bytes_per_token": seam_bytes / positions if positions else None,
             "mean_batch_rows": rows / batches if batches else None,
             "max_batch_sessions": max(a.max_batch_sessions for a in after) or None,

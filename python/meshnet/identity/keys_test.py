@@ -35,3 +35,35 @@ def test_signatures_verify_only_for_their_key_and_message():
     assert not keys.verify(b.public_key, sig, b"hello")
     assert not keys.verify(a.public_key, sig[:-1], b"hello")
     assert not keys.verify(b"", sig, b"hello")
+
+
+def test_key_files_interoperate_with_cryptography(tmp_path):
+    """Our PEM is the PKCS#8 that cryptography (and OpenSSL) write, both ways, and the
+    signatures match (Ed25519 is deterministic)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    theirs = Ed25519PrivateKey.generate()
+    pem = theirs.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                               serialization.NoEncryption())
+    ours = Identity.from_pem(pem)
+    assert ours.to_pem() == pem
+    assert ours.sign(b"m") == theirs.sign(b"m")
+    raw = theirs.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    assert ours.public_key == raw
+    mine = Identity.generate()
+    loaded = serialization.load_pem_private_key(mine.to_pem(), password=None)
+    assert loaded.sign(b"m") == mine.sign(b"m")
+
+
+def test_other_pem_keys_are_refused_with_the_file_named(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    path = tmp_path / "ec.key"
+    path.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    with pytest.raises(ValueError, match="ec.key: not an Ed25519 private key"):
+        Identity.load_or_create(path)
+    with pytest.raises(ValueError):
+        Identity(b"\0" * 31)

@@ -1,50 +1,23 @@
-"""TLS material and channels: self-signed certificates pinned by their peers (ADR 0003).
+"""TLS channels and servers over self-signed certificates pinned by their peers (ADR 0003).
 
-A node makes a fresh ECDSA P-256 key and a self-signed certificate for its shard service and
-registers the PEM with the tracker (the registration is signed by its identity key, which ties
-the two). Peers trust exactly that certificate, with the fixed target name NODE_TLS_NAME, so a
-node's certificate proves nothing but itself. The tracker's certificate is verified the same way
-(`--tracker-ca`). Used by nodes, the tracker's launcher, clients and tests.
+Peers trust exactly the certificate they were given, with the fixed target name NODE_TLS_NAME,
+so a node's certificate proves nothing but itself; the tracker's certificate is verified the
+same way (`--tracker-ca`). The certificates themselves are made by meshnet.identity.certificates.
+Used by nodes, the tracker's launcher, clients and tests. Only grpc: a lean node imports this.
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
+import subprocess
+import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 NODE_TLS_NAME = "meshnet-node"  # every shard certificate's name; trust comes from pinning
 MAX_MESSAGE_BYTES = (1 << 20) + (64 << 10)  # one 1 MiB fragment plus headers and tickets
-
-
-def self_signed(common_name: str, dns_names: Sequence[str] = (), ip_addresses: Sequence[str] = (),
-                days: int = 365) -> tuple[bytes, bytes]:
-    """(certificate PEM, private key PEM) of a new ECDSA P-256 self-signed certificate."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    alt = [x509.DNSName(n) for n in dns_names] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(key, hashes.SHA256()))
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
-
-
-def node_certificate() -> tuple[bytes, bytes]:
-    """A shard service's certificate and key (pinned by peers under NODE_TLS_NAME)."""
-    return self_signed(NODE_TLS_NAME, [NODE_TLS_NAME])
+CERTIFICATE_CHILD_TIMEOUT_S = 60
 
 
 def write_private(path: Path, data: bytes) -> Path:
@@ -53,6 +26,19 @@ def write_private(path: Path, data: bytes) -> Path:
     path.chmod(0o600)
     path.write_bytes(data)
     return path
+
+
+def write_node_certificate(cert_path: Path, key_path: Path) -> tuple[bytes, bytes]:
+    """A new node certificate and key, made by a short-lived child process (meshnet.identity.
+    certificates: this process never loads the X.509 stack), written to the two paths (mode
+    0600); (certificate PEM, key PEM). RuntimeError if the child fails."""
+    from meshnet.process import child_env
+
+    proc = subprocess.run([sys.executable, "-m", "meshnet.identity.certificates", str(cert_path), str(key_path)],
+                          capture_output=True, text=True, timeout=CERTIFICATE_CHILD_TIMEOUT_S, env=child_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"certificate child exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return cert_path.read_bytes(), key_path.read_bytes()
 
 
 def server_credentials(cert_pem: bytes, key_pem: bytes) -> grpc.ServerCredentials:

@@ -5,13 +5,13 @@ from concurrent import futures
 import grpc
 import pytest
 
-from meshnet.identity import tls
+from meshnet.identity import certificates, tls
 from meshnet.protocol import diag
 
 
 @pytest.fixture
 def server():
-    cert, key = tls.node_certificate()
+    cert, key = certificates.node_certificate()
     srv = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     diag.add_to_server(srv, "pinned")
     port = srv.add_secure_port("127.0.0.1:0", tls.server_credentials(cert, key))
@@ -32,7 +32,7 @@ def test_the_pinned_certificate_connects(server):
 
 def test_another_certificate_or_plaintext_does_not(server):
     address, _ = server
-    other, _ = tls.node_certificate()
+    other, _ = certificates.node_certificate()
     with pytest.raises(grpc.RpcError) as err:
         _ping(tls.pinned_channel(address, other))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE

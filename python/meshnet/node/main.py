@@ -115,10 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         log("tracker_unreachable", tracker=args.tracker, error=err.code().name, message=err.details())
         return 1
     with tempfile.TemporaryDirectory(prefix="meshnet-node-tls-") as private:
-        cert_pem, key_pem = (None, None) if args.insecure else tls.node_certificate()
-        if cert_pem is not None:
-            cert_path = tls.write_private(Path(private) / "shard.crt", cert_pem)
-            key_path = tls.write_private(Path(private) / "shard.key", key_pem)
+        cert_path, key_path = Path(private) / "shard.crt", Path(private) / "shard.key"
+        cert_pem, key_pem = (None, None) if args.insecure else tls.write_node_certificate(cert_path, key_path)
         backend: Backend  # the node drives either through the one interface
         if args.backend == "gguf":
             backend = GgufBackend(Path(args.worker_binary), args.gguf, (start, end), args.listen, node_id,
@@ -199,7 +197,7 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
                     tracker.close()
                     return 1
                 restarts += 1
-                metrics.restarts.inc()
+                metrics.count_restart()
                 log("worker_restart", node=node_id, restarts=restarts)
                 backend.restart()
                 unanswered = 0

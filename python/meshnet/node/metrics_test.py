@@ -82,6 +82,7 @@ def test_health_counters_and_gauges_on_each_scrape(shards):
                                               ("node_id", "n-abc")))] == 1
         metrics.count_work([tt.WorkEntry(RouteSession("s", 1), 12, 3), tt.WorkEntry(RouteSession("t", 1), 0, 4)])
         metrics.heartbeat(tt.Load(decode_tokens_per_second=321.0), registered=True)
+        metrics.count_restart()
         worker.reply = shard_pb2.HealthReply(active_sessions=0, batches=11, mean_batch_rows=64.0)
         after = scrape(server.url)
         assert worker.calls == 2  # one Health per scrape, no polling in between
@@ -89,6 +90,7 @@ def test_health_counters_and_gauges_on_each_scrape(shards):
         assert after[("meshnet_node_tokens_total", (("phase", "decode"),))] == 7
         assert after[("meshnet_node_decode_tokens_per_second", ())] == 321.0
         assert after[("meshnet_node_registered", ())] == 1
+        assert after[("meshnet_node_worker_restarts_total", ())] == 1
         assert after[("meshnet_node_active_sessions", ())] == 0 and after[("meshnet_node_engine_batches_total", ())] == 11
         where[0] = moved_address  # a restarted worker listens elsewhere: the probe follows it
         assert scrape(server.url)[("meshnet_node_active_sessions", ())] == 1 and moved.calls == 1

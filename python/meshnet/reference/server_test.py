@@ -20,7 +20,8 @@ import torch
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
 from meshnet.identity.requests import SUPERVISOR_METADATA
-from meshnet.identity.tls import node_certificate, pinned_channel
+from meshnet.identity.certificates import node_certificate
+from meshnet.identity.tls import pinned_channel
 from meshnet.protocol import bundle, seam, tensors
 from meshnet.protocol.errors import ProtocolError
 from meshnet.reference.server import HIDDEN, ShardServer, serve

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import grpc
 
-from meshnet.identity import tls
+from meshnet.identity import certificates, tls
 from meshnet.identity.keys import Identity
 from meshnet.process import child_env
 from meshnet.protocol.tracker_client import TrackerClient
@@ -65,7 +65,7 @@ class TrackerProcess:
         self.ca: Optional[bytes] = None  # the tracker's certificate, which its clients trust
         self.tls: Optional[tuple[Path, Path]] = None
         if not insecure:
-            cert, key = tls.self_signed("meshnet-tracker", ["localhost"], [host])
+            cert, key = certificates.self_signed("meshnet-tracker", ["localhost"], [host])
             self.ca = cert
             self.tls = (tls.write_private(workdir / "tracker.crt", cert), tls.write_private(workdir / "tracker.key", key))
         self.lease_seconds, self.ban_seconds, self.ticket_seconds = lease_seconds, ban_seconds, ticket_seconds
