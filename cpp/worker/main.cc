@@ -33,7 +33,7 @@
 #include <string>
 
 #include "cpp/protocol/ticket.h"
-#include "cpp/worker/scheduler.h"
+#include "cpp/worker/scheduler/scheduler.h"
 #include "cpp/worker/service.h"
 
 namespace {

@@ -21,26 +21,10 @@ namespace {
 
 namespace pb = meshnet::shard::v1;
 using protocol::Code;
-using SeamStream = grpc::ClientReaderWriter<pb::SeamFrame, pb::SeamReply>;
-
-protocol::Status Exchange(SeamStream& seam, const protocol::SeamFrame& frame) {
-  pb::SeamFrame message;
-  protocol::ToProto(frame, &message);
-  EXPECT_TRUE(seam.Write(message));
-  pb::SeamReply reply;
-  EXPECT_TRUE(seam.Read(&reply));
-  protocol::SeamReply out;
-  protocol::FromProto(reply, &out);
-  return out.status.value_or(protocol::InternalError("no status"));
-}
+using test_support::Exchange;
 
 protocol::SeamFrame Frame(const protocol::RouteSession& session, protocol::Phase phase, uint64_t step) {
-  protocol::SeamFrame frame;
-  frame.version = protocol::CurrentVersion();
-  frame.session = session;
-  frame.phase = phase;
-  frame.step = step;
-  return frame;
+  return test_support::NewFrame(session, phase, step);
 }
 
 struct Harness {

@@ -6,8 +6,8 @@
 // ticket unless the session is bound to this stream, epoch fence, stream binding, downstream
 // named by the ticket), replays repeated steps from the record, submits the step to the
 // Scheduler and waits for it, then forwards hidden rows to the next hop (cpp/worker/downstream.h)
-// or, on the last hop, samples a token into the session's Results queue (cpp/worker/results.h).
-// A step is bounded by its frame's budget_ms, else by max_step (cpp/worker/deadline.h): one
+// or, on the last hop, samples a token into the session's Results queue (cpp/worker/sessions/results.h).
+// A step is bounded by its frame's budget_ms, else by max_step (cpp/worker/scheduler/deadline.h): one
 // not done in time is answered DEADLINE_EXCEEDED and leaves no rows in this hop's KV, and the
 // next hop gets what is left of the budget. Release, cancel, fencing, upstream stream loss and
 // idle timeout all end a session: its KV is dropped on the engine thread, a release/cancel
@@ -20,6 +20,8 @@
 // budget ends the session's tokens. The first hop admits those steps on that second stream (the
 // ring stream: one per session, bound by the first hop's own ticket) through HandleRing, which
 // never opens a session; everything after admission is the same Step as a client's frame.
+// The ring and speculation are in ring.cc; the handlers and the step in service.cc; the state
+// of a Seam call and of a live session, which both use, in service_state.h.
 //
 // Protobuf types stop here (and in downstream.cc): below, only cpp/protocol's native structs.
 // Threading: the gRPC methods run on gRPC threads; the service owns a reaper thread (idle
@@ -41,11 +43,11 @@
 
 #include "cpp/protocol/seam.h"
 #include "cpp/protocol/ticket.h"
-#include "cpp/worker/deadline.h"
+#include "cpp/worker/scheduler/deadline.h"
 #include "cpp/worker/hop.h"
-#include "cpp/worker/results.h"
-#include "cpp/worker/scheduler.h"
-#include "cpp/worker/sessions.h"
+#include "cpp/worker/sessions/results.h"
+#include "cpp/worker/scheduler/scheduler.h"
+#include "cpp/worker/sessions/sessions.h"
 #include "meshnet/shard/v1/shard.grpc.pb.h"
 
 namespace meshnet::worker {

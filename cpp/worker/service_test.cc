@@ -23,7 +23,7 @@
 
 #include "cpp/engine/tiny_llama.h"
 #include "cpp/protocol/ticket_signer_for_tests.h"
-#include "cpp/worker/engine_gate.h"
+#include "cpp/worker/scheduler/engine_gate.h"
 #include "cpp/worker/test_hop.h"
 
 namespace meshnet::worker {
@@ -35,27 +35,10 @@ using protocol::Code;
 const protocol::RouteSession kSession{"s1", 1};
 
 protocol::SeamFrame Frame(protocol::Phase phase, uint64_t step) {
-  protocol::SeamFrame frame;
-  frame.version = protocol::CurrentVersion();
-  frame.session = protocol::RouteSession{"s1", 1};
-  frame.phase = phase;
-  frame.step = step;
-  return frame;
+  return test_support::NewFrame(kSession, phase, step);
 }
 
-using SeamStream = grpc::ClientReaderWriterInterface<pb::SeamFrame, pb::SeamReply>;
-
-// Writes `frame` on `seam`, reads one reply and returns its status.
-protocol::Status Exchange(SeamStream& seam, const protocol::SeamFrame& frame) {
-  pb::SeamFrame message;
-  protocol::ToProto(frame, &message);
-  EXPECT_TRUE(seam.Write(message));
-  pb::SeamReply reply;
-  EXPECT_TRUE(seam.Read(&reply));
-  protocol::SeamReply out;
-  protocol::FromProto(reply, &out);
-  return out.status.value_or(protocol::InternalError("no status"));
-}
+using test_support::Exchange;
 
 class ServiceTest : public ::testing::TestWithParam<bool> {};  // param: TLS on every link
 

@@ -161,4 +161,27 @@ meshnet::shard::v1::HealthReply Health(meshnet::shard::v1::Shard::Stub& stub,
   return reply;
 }
 
+protocol::SeamFrame NewFrame(const protocol::RouteSession& session, protocol::Phase phase,
+                             uint64_t step) {
+  protocol::SeamFrame frame;
+  frame.version = protocol::CurrentVersion();
+  frame.session = session;
+  frame.phase = phase;
+  frame.step = step;
+  return frame;
+}
+
+protocol::Status Exchange(
+    grpc::ClientReaderWriterInterface<meshnet::shard::v1::SeamFrame, meshnet::shard::v1::SeamReply>& seam,
+    const protocol::SeamFrame& frame) {
+  meshnet::shard::v1::SeamFrame message;
+  protocol::ToProto(frame, &message);
+  EXPECT_TRUE(seam.Write(message));
+  meshnet::shard::v1::SeamReply reply;
+  EXPECT_TRUE(seam.Read(&reply));
+  protocol::SeamReply out;
+  protocol::FromProto(reply, &out);
+  return out.status.value_or(protocol::InternalError("no status"));
+}
+
 }  // namespace meshnet::worker::test_support

@@ -17,7 +17,7 @@
 
 #include "cpp/protocol/ticket.h"
 #include "cpp/protocol/ticket_signer_for_tests.h"
-#include "cpp/worker/scheduler.h"
+#include "cpp/worker/scheduler/scheduler.h"
 #include "cpp/worker/service.h"
 #include "meshnet/shard/v1/shard.grpc.pb.h"
 
@@ -68,6 +68,15 @@ struct FakeTracker {
 
 // Milliseconds since the Unix epoch (ticket expiry is wall clock).
 uint64_t NowUnixMs();
+
+// A frame of the current version for `session`, `phase` and `step`, nothing else set.
+protocol::SeamFrame NewFrame(const protocol::RouteSession& session, protocol::Phase phase,
+                             uint64_t step);
+
+// Writes `frame` on `seam`, reads one reply and returns its status.
+protocol::Status Exchange(
+    grpc::ClientReaderWriterInterface<meshnet::shard::v1::SeamFrame, meshnet::shard::v1::SeamReply>& seam,
+    const protocol::SeamFrame& frame);
 
 // Greedy continuation of `prompt` (n tokens) by the whole model, through a scheduler.
 std::vector<uint32_t> WholeModelGreedy(const std::string& path, std::vector<int32_t> prompt, int n);

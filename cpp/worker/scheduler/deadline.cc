@@ -1,4 +1,4 @@
-#include "cpp/worker/deadline.h"
+#include "cpp/worker/scheduler/deadline.h"
 
 #include <algorithm>
 

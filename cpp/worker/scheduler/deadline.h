@@ -13,8 +13,8 @@
 // Invariant: a step is either claimed (its result reaches the waiter) or abandoned (its rows
 // never stay in the KV), never both. Used by cpp/worker/service.cc and the scheduler; any
 // thread.
-#ifndef MESHNET_CPP_WORKER_DEADLINE_H_
-#define MESHNET_CPP_WORKER_DEADLINE_H_
+#ifndef MESHNET_CPP_WORKER_SCHEDULER_DEADLINE_H_
+#define MESHNET_CPP_WORKER_SCHEDULER_DEADLINE_H_
 
 #include <atomic>
 #include <chrono>
@@ -81,4 +81,4 @@ StepOutcome WaitForStep(std::future<StepOutcome>& outcome, StepClaim& claim,
 
 }  // namespace meshnet::worker
 
-#endif  // MESHNET_CPP_WORKER_DEADLINE_H_
+#endif  // MESHNET_CPP_WORKER_SCHEDULER_DEADLINE_H_

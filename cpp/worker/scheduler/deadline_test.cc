@@ -1,6 +1,6 @@
 // Step deadlines: budget arithmetic on a fixed clock, and the waiter/engine claim, where the
 // engine side is a promise fulfilled (or not) by the test itself.
-#include "cpp/worker/deadline.h"
+#include "cpp/worker/scheduler/deadline.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "cpp/worker/engine_gate.h"
+#include "cpp/worker/scheduler/engine_gate.h"
 
 #include <gtest/gtest.h>
 

@@ -1,14 +1,14 @@
 // Test support (testonly): EngineGate holds a Scheduler's engine thread so a test can line up
 // work behind it. Used by scheduler_test and service_test to stand in for a long step of
 // another session: whatever is submitted while the gate is closed waits in the queue.
-#ifndef MESHNET_CPP_WORKER_ENGINE_GATE_H_
-#define MESHNET_CPP_WORKER_ENGINE_GATE_H_
+#ifndef MESHNET_CPP_WORKER_SCHEDULER_ENGINE_GATE_H_
+#define MESHNET_CPP_WORKER_SCHEDULER_ENGINE_GATE_H_
 
 #include <cstdint>
 #include <functional>
 #include <future>
 
-#include "cpp/worker/scheduler.h"
+#include "cpp/worker/scheduler/scheduler.h"
 
 namespace meshnet::worker::test_support {
 
@@ -36,4 +36,4 @@ class EngineGate {
 
 }  // namespace meshnet::worker::test_support
 
-#endif  // MESHNET_CPP_WORKER_ENGINE_GATE_H_
+#endif  // MESHNET_CPP_WORKER_SCHEDULER_ENGINE_GATE_H_

@@ -1,4 +1,4 @@
-#include "cpp/worker/scheduler.h"
+#include "cpp/worker/scheduler/scheduler.h"
 
 #include <algorithm>
 #include <chrono>

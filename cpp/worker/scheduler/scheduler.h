@@ -15,12 +15,12 @@
 // one (a session's step still on its way when the session ended cannot write into the sequence
 // after it was dropped, nor into the next session's); Truncate(seq, pos) drops positions >= pos
 // before any later batch. An item past
-// its deadline before a batch, or abandoned by its waiter (cpp/worker/deadline.h), is dropped
+// its deadline before a batch, or abandoned by its waiter (cpp/worker/scheduler/deadline.h), is dropped
 // with DEADLINE_EXCEEDED, and so is one whose waiter abandoned it while its last batch ran:
 // either way none of its rows stay in the KV (the sequence holds what it held before it). Threading: Submit/Release/Stats/Stop from any thread; callbacks run on the engine
 // thread and must not block or call back into the scheduler.
-#ifndef MESHNET_CPP_WORKER_SCHEDULER_H_
-#define MESHNET_CPP_WORKER_SCHEDULER_H_
+#ifndef MESHNET_CPP_WORKER_SCHEDULER_SCHEDULER_H_
+#define MESHNET_CPP_WORKER_SCHEDULER_SCHEDULER_H_
 
 #include <algorithm>
 #include <condition_variable>
@@ -36,7 +36,7 @@
 
 #include "cpp/engine/engine.h"
 #include "cpp/protocol/status.h"
-#include "cpp/worker/deadline.h"
+#include "cpp/worker/scheduler/deadline.h"
 
 namespace meshnet::worker {
 
@@ -188,4 +188,4 @@ class Scheduler {
 
 }  // namespace meshnet::worker
 
-#endif  // MESHNET_CPP_WORKER_SCHEDULER_H_
+#endif  // MESHNET_CPP_WORKER_SCHEDULER_SCHEDULER_H_

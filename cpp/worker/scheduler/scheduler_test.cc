@@ -1,6 +1,6 @@
 // Scheduler: batching decisions (pure) and, on the tiny F32 fixture, that items batched
 // together give the same outputs as each run alone.
-#include "cpp/worker/scheduler.h"
+#include "cpp/worker/scheduler/scheduler.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cpp/engine/tiny_llama.h"
-#include "cpp/worker/engine_gate.h"
+#include "cpp/worker/scheduler/engine_gate.h"
 
 namespace meshnet::worker {
 namespace {

@@ -1,4 +1,4 @@
-#include "cpp/worker/results.h"
+#include "cpp/worker/sessions/results.h"
 
 #include <utility>
 

@@ -8,8 +8,8 @@
 // nobody reads is dropped `grace` after it closed (Reap). Pure C++ (no gRPC).
 //
 // Threading: every method is thread-safe; Pop blocks only on the queue's own lock.
-#ifndef MESHNET_CPP_WORKER_RESULTS_H_
-#define MESHNET_CPP_WORKER_RESULTS_H_
+#ifndef MESHNET_CPP_WORKER_SESSIONS_RESULTS_H_
+#define MESHNET_CPP_WORKER_SESSIONS_RESULTS_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -20,7 +20,7 @@
 #include <mutex>
 
 #include "cpp/protocol/seam.h"
-#include "cpp/worker/sessions.h"
+#include "cpp/worker/sessions/sessions.h"
 
 namespace meshnet::worker {
 
@@ -72,4 +72,4 @@ class ResultsBoard {
 
 }  // namespace meshnet::worker
 
-#endif  // MESHNET_CPP_WORKER_RESULTS_H_
+#endif  // MESHNET_CPP_WORKER_SESSIONS_RESULTS_H_

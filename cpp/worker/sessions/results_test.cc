@@ -1,6 +1,6 @@
 // Results queues: one reader per session, a bounded number of reader-opened queues, closed
 // unread queues dropped after the grace period.
-#include "cpp/worker/results.h"
+#include "cpp/worker/sessions/results.h"
 
 #include <gtest/gtest.h>
 

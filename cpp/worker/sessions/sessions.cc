@@ -1,4 +1,4 @@
-#include "cpp/worker/sessions.h"
+#include "cpp/worker/sessions/sessions.h"
 
 #include <algorithm>
 

@@ -11,8 +11,8 @@
 // and nowhere else. Pure C++ (no gRPC, no llama).
 //
 // Threading: every method is thread-safe (one internal mutex; no callbacks under it).
-#ifndef MESHNET_CPP_WORKER_SESSIONS_H_
-#define MESHNET_CPP_WORKER_SESSIONS_H_
+#ifndef MESHNET_CPP_WORKER_SESSIONS_SESSIONS_H_
+#define MESHNET_CPP_WORKER_SESSIONS_SESSIONS_H_
 
 #include <chrono>
 #include <cstdint>
@@ -144,4 +144,4 @@ class SessionTable {
 
 }  // namespace meshnet::worker
 
-#endif  // MESHNET_CPP_WORKER_SESSIONS_H_
+#endif  // MESHNET_CPP_WORKER_SESSIONS_SESSIONS_H_

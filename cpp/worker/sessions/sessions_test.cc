@@ -1,6 +1,6 @@
 // Session table: bounded pool, stream binding, bounded epoch fencing, idempotency record, idle
 // reaping, the token ledger.
-#include "cpp/worker/sessions.h"
+#include "cpp/worker/sessions/sessions.h"
 
 #include <gtest/gtest.h>
 
