@@ -18,20 +18,15 @@ import psutil
 import pytest
 
 from meshnet.bench.prompts import COPY_HEAVY
-from meshnet.client.session import GenerationParams, RouteSession
-from meshnet.reference.model import load_tokenizer
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
-from route_cases import MORE_PROMPTS, PROMPTS, TOKENS, generate, llama_cpp_greedy
+from route_cases import (MORE_PROMPTS, PROMPTS, TOKENS, cancel_after_five, generate,  # noqa: F401 - fixtures
+                         generate_killing_the_middle_hop, llama_cpp_greedy, tokenizer, tracker)
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
 GREEDY = Path(os.environ["MESHNET_GREEDY_BINARY"]).resolve()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(GGUF)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +43,6 @@ def swarm(tmp_path_factory):
                     worker_binary=WORKER, max_sessions=8, threads=1) as s:
         s.add_node("node-1b", (10, 20))
         yield s
-
-
-@pytest.fixture(scope="module")
-def tracker(swarm):
-    with swarm.client() as client:
-        yield client
 
 
 
@@ -107,13 +96,13 @@ def test_ring_decode_takes_the_client_off_the_per_token_path(swarm, tracker, tok
     and gets the same tokens as with the client driving every step (ring off)."""
     prompt = PROMPTS[1]
     ids = tokenizer(prompt)["input_ids"]
-    ring = RouteSession(tracker, "smollm2")
+    ring = RouteClient(tracker, "smollm2")
     assert list(ring.generate(ids, GenerationParams(max_tokens=TOKENS))) == baseline[prompt]
     assert ring.frames_sent == 2 and not ring.failovers
-    driven = RouteSession(tracker, "smollm2")
+    driven = RouteClient(tracker, "smollm2")
     assert list(driven.generate(ids, GenerationParams(max_tokens=TOKENS, ring=False))) == baseline[prompt]
     assert driven.frames_sent == 1 + (TOKENS - 1) + 1
-    short = RouteSession(tracker, "smollm2")  # the last hop stops the ring at max_tokens
+    short = RouteClient(tracker, "smollm2")  # the last hop stops the ring at max_tokens
     assert list(short.generate(ids, GenerationParams(max_tokens=3))) == baseline[prompt][:3]
     elapsed, busy = wait_all_free(swarm, timeout=2.0)
     assert not busy, busy
@@ -133,7 +122,7 @@ def test_speculation_gives_the_tokens_of_plain_decoding(swarm, tracker, tokenize
     for prompt in COPY_HEAVY + PROMPTS[:2]:
         ids = tokenizer(prompt)["input_ids"]
         expected = baseline.get(prompt) or llama_cpp_greedy(GREEDY, GGUF, ids, TOKENS)
-        session = RouteSession(tracker, "smollm2")
+        session = RouteClient(tracker, "smollm2")
         got = list(session.generate(ids, GenerationParams(max_tokens=TOKENS, speculate=8)))
         assert got == expected, prompt
         assert session.frames_sent == 2
@@ -160,16 +149,11 @@ def test_eight_concurrent_sessions_keep_their_solo_tokens(swarm, tracker, tokeni
 
 
 def test_cancel_and_disconnect_free_every_hop_within_a_second(swarm, tracker, tokenizer):
-    session = RouteSession(tracker, "smollm2")
-    got = []
-    for token in session.generate(tokenizer("Tell me a long story.")["input_ids"], GenerationParams(max_tokens=48)):
-        got.append(token)
-        if len(got) == 5:
-            session.cancel()
+    cancel_after_five(tracker, tokenizer)
     elapsed, busy = wait_all_free(swarm, timeout=1.0)
     assert not busy and elapsed <= 1.0, (elapsed, busy)
 
-    session = RouteSession(tracker, "smollm2")
+    session = RouteClient(tracker, "smollm2")
     stream = session.generate(tokenizer("Count to one hundred:")["input_ids"], GenerationParams(max_tokens=48))
     for _ in range(4):
         next(stream)
@@ -181,16 +165,12 @@ def test_cancel_and_disconnect_free_every_hop_within_a_second(swarm, tracker, to
 
 def test_kill_the_middle_worker_mid_decode(swarm, tracker, tokenizer, baseline):
     prompt = PROMPTS[0]
-    session = RouteSession(tracker, "smollm2")
-    got, killed = [], None
-    for token in session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=TOKENS)):
-        got.append(token)
-        if len(got) == 10:
-            middle = session._connection.hops[1].node.node_id
-            node = swarm.nodes[middle]
-            workers = psutil.Process(node.proc.pid).children()
-            assert len(workers) == 1
-            workers[0].kill()  # kill -9 of the worker; its node supervises and restarts it
-            killed = middle
+
+    def kill_worker(middle: str) -> None:
+        workers = psutil.Process(swarm.nodes[middle].proc.pid).children()
+        assert len(workers) == 1
+        workers[0].kill()  # kill -9 of the worker; its node supervises and restarts it
+
+    session, got, killed = generate_killing_the_middle_hop(tracker, tokenizer, prompt, kill_worker)
     assert got == baseline[prompt]
     assert session.failovers and session.failovers[0][1] == killed

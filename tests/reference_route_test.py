@@ -16,20 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from meshnet.client.session import GenerationParams, MeshnetError, RouteSession
-from meshnet.reference.model import load_model, load_tokenizer
+from meshnet.client.session import GenerationParams, MeshnetError, RouteClient
+from meshnet.reference.model import load_model
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
-from route_cases import MORE_PROMPTS, PROMPTS, TOKENS, generate
-from meshnet.types import tracker as tt
-from meshnet.types.status import StatusCode
+from route_cases import (MORE_PROMPTS, PROMPTS, TOKENS, cancel_after_five, generate,  # noqa: F401 - fixtures
+                         generate_killing_the_middle_hop, tokenizer, tracker)
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import StatusCode
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(GGUF)
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +50,6 @@ def swarm(tmp_path_factory):
     s.add_node("node-1b", (10, 20))
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def tracker(swarm):
-    with swarm.client() as client:
-        yield client
 
 
 
@@ -99,19 +89,14 @@ def test_eight_concurrent_sessions_match_their_solo_runs(swarm, tracker, tokeniz
 
 def test_cancel_in_prefill_and_in_decode_frees_every_hop(swarm, tracker, tokenizer):
     long_prompt = tokenizer(" ".join(["The quick brown fox jumps over the lazy dog."] * 40))["input_ids"]
-    session = RouteSession(tracker, "smollm2")
+    session = RouteClient(tracker, "smollm2")
     stream = session.generate(long_prompt, GenerationParams(max_tokens=32))
     canceller = threading.Timer(0.05, session.cancel)  # while the first hops are still prefilling
     canceller.start()
     assert len(list(stream)) < 32
     assert wait_all_released(swarm) == {name: 0 for name in swarm.nodes}
 
-    session = RouteSession(tracker, "smollm2")
-    got = []
-    for token in session.generate(tokenizer("Tell me a long story.")["input_ids"], GenerationParams(max_tokens=48)):
-        got.append(token)
-        if len(got) == 5:
-            session.cancel()
+    got = cancel_after_five(tracker, tokenizer)
     assert 5 <= len(got) < 48
     assert wait_all_released(swarm) == {name: 0 for name in swarm.nodes}
 
@@ -131,15 +116,9 @@ def test_session_over_the_limit_is_resource_exhausted(swarm, tracker, tokenizer)
 
 def test_kill_the_middle_node_mid_generation(swarm, tracker, tokenizer, baseline):
     prompt = PROMPTS[0]
-    session = RouteSession(tracker, "smollm2")
-    got, killed = [], None
-    for token in session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=TOKENS)):
-        got.append(token)
-        if len(got) == 10:
-            middle = session._connection.hops[1].node.node_id
-            swarm.nodes[middle].kill()
-            killed = middle
-    assert killed is not None
+    session, got, killed = generate_killing_the_middle_hop(tracker, tokenizer, prompt,
+                                                           lambda middle: swarm.nodes[middle].kill())
+    assert killed
     assert got == baseline[prompt]  # no duplicated, missing or different token
     assert session.failovers and session.failovers[0][1] == killed and session.failovers[0][0] == 2
     log = swarm.tracker.log.read_text()

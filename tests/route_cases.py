@@ -1,14 +1,20 @@
 """What the route tests (reference and GGUF, faults) share: the prompts, the token count, one
-greedy generation through a RouteSession, and single-process llama.cpp's greedy tokens."""
+greedy generation through a RouteClient, single-process llama.cpp's greedy tokens, the
+`tokenizer` and `tracker` fixtures (a test module that imports them defines `swarm`), and the
+cancel and kill-the-middle-hop scenarios."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from meshnet.client.session import GenerationParams, RouteSession
+import pytest
+
+from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.reference.model import load_tokenizer
 
 PROMPTS = [
     "The capital of France is",
@@ -22,7 +28,7 @@ TOKENS = 64  # greedy tokens per parity prompt
 
 
 def generate(tracker, tokenizer, prompt: str, tokens: int = TOKENS) -> list[int]:
-    session = RouteSession(tracker, "smollm2")
+    session = RouteClient(tracker, "smollm2")
     return list(session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=tokens)))
 
 
@@ -32,3 +38,40 @@ def llama_cpp_greedy(greedy_binary: Path, gguf: Path, prompt_ids: Sequence[int],
     proc = subprocess.run([str(greedy_binary), str(gguf), str(tokens), *map(str, prompt_ids)], capture_output=True,
                           text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve())
+
+
+@pytest.fixture(scope="module")
+def tracker(swarm):
+    with swarm.client() as client:
+        yield client
+
+
+def cancel_after_five(tracker, tokenizer, max_tokens: int = 48) -> list[int]:
+    """A generation the client cancels once it has 5 tokens; the tokens it got."""
+    session = RouteClient(tracker, "smollm2")
+    got = []
+    for token in session.generate(tokenizer("Tell me a long story.")["input_ids"],
+                                  GenerationParams(max_tokens=max_tokens)):
+        got.append(token)
+        if len(got) == 5:
+            session.cancel()
+    return got
+
+
+def generate_killing_the_middle_hop(tracker, tokenizer, prompt: str,
+                                    kill: Callable[[str], None]) -> tuple[RouteClient, list[int], str]:
+    """Generates TOKENS greedy tokens of `prompt`; after 10, `kill(node id)` of the route's middle
+    hop. (the session, with its failovers; the tokens; the id killed)."""
+    session = RouteClient(tracker, "smollm2")
+    got, killed = [], ""
+    for token in session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=TOKENS)):
+        got.append(token)
+        if len(got) == 10:
+            killed = session._connection.hops[1].node.node_id
+            kill(killed)
+    return session, got, killed

@@ -8,31 +8,22 @@
 #include <string>
 #include <vector>
 
-#include "cpp/engine/engine.h"
+#include "cpp/engine/whole_model.h"
 
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::cerr << "usage: dump_logits MODEL.gguf OUT TOKEN_ID...\n";
     return 2;
   }
-  std::string error;
-  meshnet::engine::ModelOptions model_options;
-  model_options.path = argv[1];
-  auto model = meshnet::engine::Model::Open(model_options, &error);
-  if (!model) {
-    std::cerr << "dump_logits: " << error << "\n";
-    return 1;
-  }
-  std::vector<int32_t> tokens;
-  for (int i = 3; i < argc; ++i) tokens.push_back(std::atoi(argv[i]));
+  const std::vector<int32_t> tokens = meshnet::engine::TokenArgs(argc, argv, 3);
   meshnet::engine::ContextOptions context_options;
   context_options.n_ctx = static_cast<int>(tokens.size()) + 8;
   context_options.n_batch = context_options.n_ubatch = static_cast<int>(tokens.size());
-  auto context = meshnet::engine::Context::Create(*model, context_options, &error);
-  if (!context) {
-    std::cerr << "dump_logits: " << error << "\n";
-    return 1;
-  }
+  auto whole = meshnet::engine::OpenWholeModel("dump_logits", argv[1], context_options);
+  if (!whole) return 1;
+  meshnet::engine::Model* model = whole->model.get();
+  meshnet::engine::Context* context = whole->context.get();
+  std::string error;
   meshnet::engine::Batch batch;
   for (size_t i = 0; i < tokens.size(); ++i) batch.AddToken(0, static_cast<int32_t>(i), tokens[i], true);
   if (!context->Decode(batch, &error)) {

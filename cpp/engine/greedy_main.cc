@@ -10,32 +10,23 @@
 #include <string>
 #include <vector>
 
-#include "cpp/engine/engine.h"
+#include "cpp/engine/whole_model.h"
 
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::cerr << "usage: greedy MODEL.gguf N_NEW TOKEN_ID...\n";
     return 2;
   }
-  std::string error;
-  meshnet::engine::ModelOptions model_options;
-  model_options.path = argv[1];
-  auto model = meshnet::engine::Model::Open(model_options, &error);
-  if (!model) {
-    std::cerr << "greedy: " << error << "\n";
-    return 1;
-  }
   const int n_new = std::atoi(argv[2]);
-  std::vector<int32_t> prompt;
-  for (int i = 3; i < argc; ++i) prompt.push_back(std::atoi(argv[i]));
+  const std::vector<int32_t> prompt = meshnet::engine::TokenArgs(argc, argv, 3);
   meshnet::engine::ContextOptions context_options;
   context_options.n_ctx = static_cast<int>(prompt.size()) + n_new + 8;
   if (const char* threads = std::getenv("MESHNET_THREADS")) context_options.n_threads = std::atoi(threads);
-  auto context = meshnet::engine::Context::Create(*model, context_options, &error);
-  if (!context) {
-    std::cerr << "greedy: " << error << "\n";
-    return 1;
-  }
+  auto whole = meshnet::engine::OpenWholeModel("greedy", argv[1], context_options);
+  if (!whole) return 1;
+  meshnet::engine::Model* model = whole->model.get();
+  meshnet::engine::Context* context = whole->context.get();
+  std::string error;
   meshnet::engine::Batch batch;
   for (size_t i = 0; i < prompt.size(); ++i) {
     batch.AddToken(0, static_cast<int32_t>(i), prompt[i], i + 1 == prompt.size());

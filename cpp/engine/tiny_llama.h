@@ -1,8 +1,10 @@
 // Test fixture: a tiny seeded random-weight Llama written as an F32 GGUF.
 //
-// Mirrors python/meshnet/recipe/fixtures.py (same metadata, vocabulary and tensor names; the
-// random stream differs), written with ggml's gguf API so C++ tests need no Python step. The
-// same options always write the same bytes. Test-only.
+// The one maker of the fixture: C++ tests call WriteTinyLlama, Python tests run the
+// //cpp/engine:tiny_llama_writer command (python/meshnet/recipe/fixtures.py). Written with ggml's
+// gguf API: llama.cpp's tensor names and shapes for the llama architecture, a SentencePiece
+// vocabulary of control, byte and character tokens. The same options always write the same
+// bytes. Test-only.
 #ifndef MESHNET_CPP_ENGINE_TINY_LLAMA_H_
 #define MESHNET_CPP_ENGINE_TINY_LLAMA_H_
 

@@ -76,7 +76,7 @@ def test_recipe_for_tiny_fixture(tmp_path):
         weight_quantization="F32",
         activation_dtype="bf16",
         kv_dtype="f16",
-        context_length=128,
+        context_length=4096,  # the fixture's metadata: cpp/engine/tiny_llama.cc
         rope_freq_base=10000.0,
         rope_freq_scale=1.0,
         patch_level="",

@@ -1,0 +1,31 @@
+// See whole_model.h.
+#include "cpp/engine/whole_model.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <utility>
+
+namespace meshnet::engine {
+
+std::vector<int32_t> TokenArgs(int argc, char** argv, int first) {
+  std::vector<int32_t> tokens;
+  for (int i = first; i < argc; ++i) tokens.push_back(std::atoi(argv[i]));
+  return tokens;
+}
+
+std::optional<WholeModel> OpenWholeModel(const char* tool, const std::string& path,
+                                         const ContextOptions& options) {
+  std::string error;
+  ModelOptions model_options;
+  model_options.path = path;
+  WholeModel whole;
+  whole.model = Model::Open(model_options, &error);
+  if (whole.model) whole.context = Context::Create(*whole.model, options, &error);
+  if (!whole.model || !whole.context) {
+    std::cerr << tool << ": " << error << "\n";
+    return std::nullopt;
+  }
+  return whole;
+}
+
+}  // namespace meshnet::engine

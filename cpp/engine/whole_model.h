@@ -1,0 +1,31 @@
+// The start the engine's command-line tools share (greedy, dump_logits): token ids from the
+// command line, and the whole model (no layer range: the library behaves as upstream) with one
+// context. Errors are printed as "<tool>: <error>" on stderr.
+#ifndef MESHNET_CPP_ENGINE_WHOLE_MODEL_H_
+#define MESHNET_CPP_ENGINE_WHOLE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpp/engine/engine.h"
+
+namespace meshnet::engine {
+
+struct WholeModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Context> context;  // declared after the model: destroyed before it
+};
+
+// argv[first..argc) as token ids.
+std::vector<int32_t> TokenArgs(int argc, char** argv, int first);
+
+// Opens `path` and a context of `options` on it; nullopt (with the error printed) on failure.
+std::optional<WholeModel> OpenWholeModel(const char* tool, const std::string& path,
+                                         const ContextOptions& options);
+
+}  // namespace meshnet::engine
+
+#endif  // MESHNET_CPP_ENGINE_WHOLE_MODEL_H_
