@@ -33,7 +33,7 @@ from typing import Callable, Optional
 import psutil
 import pytest
 
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm, NodeProcess
@@ -196,7 +196,7 @@ def run_once(swarm, wan, tracker_client, tokenizer, baseline, case: str, rng: ra
     prompt = rng.choice(PROMPTS)
     fault_after = 0 if in_prefill else rng.randrange(1, TOKENS - 1)  # 0: in prefill, before the first token
     channels = swarm.shard_channels()  # taken now: the tracker may be down at the end
-    session = RouteSession(tracker_client, swarm.model, max_failovers=6)
+    session = RouteClient(tracker_client, swarm.model, max_failovers=6)
     got: list[int] = []
     arrivals: list[float] = []
     injected: dict = {}

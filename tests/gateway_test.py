@@ -1,7 +1,7 @@
 """Issue 15 acceptance on a live swarm: the OpenAI-compatible gateway in front of three GGUF
 nodes (native workers), driven by the official `openai` client and by curl.
 
-- non-streaming and streaming chat give the text of a direct RouteSession greedy generation of
+- non-streaming and streaming chat give the text of a direct RouteClient greedy generation of
   the same prompt, with correct usage counts;
 - 8 concurrent streaming chats give the same text as each alone;
 - a client that disconnects mid-stream leaves 0 sessions and 0 KV cells on every hop within 1 s;
@@ -25,7 +25,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.gateway.chat import render_chat
 from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
@@ -70,11 +70,11 @@ def messages(question: str) -> list[dict]:
 
 
 def direct(swarm, tokenizer, question: str) -> tuple[str, int, list[int]]:
-    """Greedy text, prompt token count and generated ids of a direct RouteSession generation."""
+    """Greedy text, prompt token count and generated ids of a direct RouteClient generation."""
     ids = tokenizer.encode(render_chat(tokenizer.chat_template, messages(question), bos_token=tokenizer.bos_token,
                                        eos_token=tokenizer.eos_token, add_generation_prompt=True))
     with swarm.client() as tracker:
-        out = list(RouteSession(tracker, swarm.model).generate(
+        out = list(RouteClient(tracker, swarm.model).generate(
             ids, GenerationParams(max_tokens=TOKENS, stop_token_ids=tuple(tokenizer.stop_token_ids))))
     text = tokenizer.decode([i for i in out if i not in tokenizer.stop_token_ids])
     return text, len(ids), out

@@ -12,7 +12,7 @@ import pytest
 
 import make_golden_frames
 from meshnet.protocol import bundle, seam
-from meshnet.types import seam as t
+from meshnet.wire import seam as t
 
 GOLDEN = Path(os.environ["MESHNET_GOLDEN_MANIFEST"]).parent
 

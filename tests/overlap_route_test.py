@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.reference.model import load_model, load_tokenizer
 from meshnet.swarm.local import LocalSwarm
-from meshnet.types import tracker as tt
-from meshnet.types.status import StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import StatusCode
 from route_cases import llama_cpp_greedy
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
@@ -48,7 +48,7 @@ def test_overlapping_reference_nodes_run_from_the_effective_start(tmp_path):
         assert reply.status.ok, reply.status
         assert [(h.node.layers.start, h.layers.start, h.layers.end) for h in reply.hops] == [(0, 0, 12), (10, 12, 30)]
         assert tracker.close_route(reply.session).status.ok
-        tokens = list(RouteSession(tracker, "smollm2").generate(ids, GenerationParams(max_tokens=TOKENS)))
+        tokens = list(RouteClient(tracker, "smollm2").generate(ids, GenerationParams(max_tokens=TOKENS)))
     assert tokens == expected
 
 
@@ -64,5 +64,5 @@ def test_overlapping_gguf_nodes_chain_only_where_boundaries_meet(tmp_path):
         assert reply.status.ok, reply.status
         assert [(h.layers.start, h.layers.end) for h in reply.hops] == [(0, 10), (10, 30)]
         assert tracker.close_route(reply.session).status.ok
-        tokens = list(RouteSession(tracker, "smollm2").generate(ids, GenerationParams(max_tokens=TOKENS)))
+        tokens = list(RouteClient(tracker, "smollm2").generate(ids, GenerationParams(max_tokens=TOKENS)))
     assert tokens == expected

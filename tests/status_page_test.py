@@ -1,7 +1,7 @@
 """Issue 15 on real processes: a tracker with its HTTP endpoints and three GGUF nodes (native
 workers) with /metrics, SmolLM2 Q4_1 [0,10) + [10,20) + [20,30) on loopback.
 
-- A generation through RouteSession (client_id "key:status-test", as the gateway names API keys)
+- A generation through RouteClient (client_id "key:status-test", as the gateway names API keys)
   moves the tracker's and every node's series, scraped before, during and after it and parsed
   with the Prometheus text parser: routes opened and live, node tokens, engine batches, rows and
   compute time, seam frames, KV cells and sessions while it runs, the measured rate, and the
@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm
-from meshnet.types import tracker as tt
-from meshnet.types.status import StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import StatusCode
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
@@ -108,7 +108,7 @@ def generation(swarm):
     nodes = [swarm.nodes[swarm.ids[f"node-{i}"]] for i in range(len(CUTS))]
     before = (scrape(swarm.tracker.http_url), [scrape(n.metrics_url) for n in nodes])
     with swarm.client() as tracker:
-        stream = RouteSession(tracker, swarm.model, client_id=CLIENT_ID).generate(
+        stream = RouteClient(tracker, swarm.model, client_id=CLIENT_ID).generate(
             prompt_ids, GenerationParams(max_tokens=TOKENS))
         tokens = [next(stream)]
         during = (scrape(swarm.tracker.http_url), [scrape(n.metrics_url) for n in nodes])

@@ -15,9 +15,9 @@ from typing import Optional
 import psutil
 import pytest
 
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.swarm.local import LocalSwarm
-from meshnet.types import tracker as tt
+from meshnet.wire import tracker as tt
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
@@ -79,7 +79,7 @@ def route_node(tracker) -> str:
 
 
 def generate(tracker, tokens: int = 24) -> list[int]:
-    return list(RouteSession(tracker, "smollm2").generate(PROMPT, GenerationParams(max_tokens=tokens)))
+    return list(RouteClient(tracker, "smollm2").generate(PROMPT, GenerationParams(max_tokens=tokens)))
 
 
 def test_a_throttled_replica_is_avoided_once_measured(swarm):

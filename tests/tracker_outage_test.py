@@ -19,12 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.reference.model import load_tokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
-from meshnet.types import tracker as tt
-from meshnet.types.status import StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import StatusCode
 from route_cases import llama_cpp_greedy
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
@@ -78,7 +78,7 @@ def idle(swarm, timeout: float = 2.0) -> list[tuple[int, int]]:
 
 def test_a_tracker_outage_mid_generation_costs_no_token(swarm, prompt_ids, baseline):
     with swarm.client() as tracker:
-        session = RouteSession(tracker, swarm.model)
+        session = RouteClient(tracker, swarm.model)
         stream = session.generate(prompt_ids, GenerationParams(max_tokens=TOKENS))
         tokens = [next(stream) for _ in range(4)]
         swarm.tracker.kill()

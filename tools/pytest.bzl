@@ -5,8 +5,8 @@ def py_pytest(name, srcs, deps = [], data = [], args = [], **kwargs):
         name = name,
         srcs = srcs + ["//tools:pytest_runner.py"],
         main = "//tools:pytest_runner.py",
-        # importlib mode: pytest must not put python/meshnet on sys.path (meshnet.types would
-        # shadow the standard library's types module in child processes).
+        # importlib mode: pytest must not put test folders on sys.path (a module there, e.g. a
+        # package's "types", would shadow the standard library's in child processes).
         args = ["-p", "no:cacheprovider", "-q", "--import-mode=importlib"] + ["$(location %s)" % s for s in srcs] + args,
         data = data,
         deps = deps,

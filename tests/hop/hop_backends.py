@@ -1,6 +1,6 @@
 """The two implementations of the hop contract as real processes, and a ticketed route driver.
 
-Used by the hop conformance suite (tests/hop_conformance_test.py). `HopProcess` starts either
+Used by the hop conformance suite (tests/hop/hop_conformance_test.py). `HopProcess` starts either
 the native worker (cpp/worker) or the reference shard (python -m meshnet.reference.main) with a
 node identity, the test tracker's ticket key and a pinned TLS certificate, and reads the port
 from their common first stdout line. `Chain` is two hops of one model plus the test tracker's
@@ -26,7 +26,7 @@ from meshnet.identity.keys import Identity
 from meshnet.process import listening_port
 from meshnet.protocol import seam
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.types import seam as t
+from meshnet.wire import seam as t
 
 V = seam.PROTOCOL_VERSION
 _CLOSE = object()

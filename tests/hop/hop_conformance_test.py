@@ -25,8 +25,8 @@ from meshnet.identity import tickets, tls
 from meshnet.identity.keys import Identity
 from meshnet.protocol import bundle, seam, tensors
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.types import seam as t
-from meshnet.types.status import StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.status import StatusCode
 from hop_backends import Chain, HonestSession, Stream, V, control, prefill, wait_idle
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"])

@@ -14,8 +14,8 @@ import grpc
 
 from meshnet.identity.keys import Identity
 from meshnet.tracker.ledger import Ledger
-from meshnet.types import tracker as tt
-from meshnet.types.seam import RouteSession
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import RouteSession
 from tracker_process import TrackerProcess
 
 RECORDS = 10_000

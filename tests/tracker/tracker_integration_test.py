@@ -17,10 +17,10 @@ from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.tracker.ledger import Ledger
-from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId
-from meshnet.types.seam import Fingerprints, ProtocolVersion, RouteSession
-from meshnet.types.status import StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId
+from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession
+from meshnet.wire.status import StatusCode
 from tracker_process import TrackerProcess
 
 MODEL = {"model": "smol", "architecture": "llama", "n_layer": 30,

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from meshnet.protocol import bundle, seam, tensors
-from meshnet.types import seam as t
-from meshnet.types.ids import SessionId
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.ids import SessionId
+from meshnet.wire.status import Status, StatusCode
 
 V1 = seam.PROTOCOL_VERSION
 SESSION = t.RouteSession(SessionId("golden-session-0001"), 2)

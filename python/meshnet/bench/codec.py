@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from meshnet.protocol import bundle, seam, tensors
-from meshnet.types import seam as t
-from meshnet.types.ids import SessionId
+from meshnet.wire import seam as t
+from meshnet.wire.ids import SessionId
 
 
 def _round_trip(tensor: tensors.Tensor, compression: t.Compression) -> tuple[float, float, int]:

@@ -2,7 +2,7 @@
 swarm in one run.
 
 One LocalSwarm of K GGUF nodes and one gateway process (meshnet.swarm.gateway). Solo streams
-alternate between the direct client (RouteSession in this process) and the gateway (a streaming
+alternate between the direct client (RouteClient in this process) and the gateway (a streaming
 /v1/completions request over HTTP with the same prompt token ids, greedy, read as SSE), so
 machine noise falls on both alike; each stream records the arrival time of every token (for
 the gateway, of every SSE event that carries text). Then `streams` gateway clients start
@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from meshnet.bench.measure import cell_figures, percentile, rounded
 from meshnet.bench.schema import Lane
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.swarm.local import LocalSwarm
 
@@ -33,7 +33,7 @@ MODEL = "bench-model"
 
 def _direct(swarm: LocalSwarm, ids: list[int], tokens: int) -> tuple[float, list[float]]:
     with swarm.client() as tracker:
-        session = RouteSession(tracker, MODEL, client_id="bench-direct")
+        session = RouteClient(tracker, MODEL, client_id="bench-direct")
         t0 = time.perf_counter()
         times = []
         for _ in session.generate(ids, GenerationParams(max_tokens=tokens)):
@@ -114,6 +114,6 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], worker:
     return {"figures": rounded(figures, 3), "direct": rounded(d, 3), "gateway": rounded(g, 3),
             "concurrent": {"streams": streams, **rounded(concurrent, 3), "errors": sorted(set(errors))[:5]},
             "startup_s": round(startup_s, 1), "tokens": {},
-            "notes": [f"{repeats} solo rounds alternating direct RouteSession and gateway SSE on one swarm of "
+            "notes": [f"{repeats} solo rounds alternating direct RouteClient and gateway SSE on one swarm of "
                       f"{len(cuts)} GGUF nodes; prompts of {len(prompts[0])} tokens, {tokens} new tokens, greedy; "
                       f"then {streams} concurrent gateway streams"]}

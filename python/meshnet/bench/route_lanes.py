@@ -1,4 +1,4 @@
-"""Lanes 4 to 6 (and the WAN lane): real swarms driven through RouteSession.
+"""Lanes 4 to 6 (and the WAN lane): real swarms driven through RouteClient.
 
 A lane starts a tracker and one node per layer range (LocalSwarm), warms the route up, then
 runs every (prompt, concurrency) cell: `c` client threads start together, each opens its own
@@ -30,7 +30,7 @@ import psutil
 from meshnet.bench.delay_proxy import DelayProxy
 from meshnet.bench.measure import cell_figures, peak_rss_bytes, rounded
 from meshnet.bench.schema import Cell
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
@@ -87,7 +87,7 @@ class HealthProbe:
 def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.Event, times: list[float],
             out: list[int], errors: list[str], options: RouteOptions,
             on_first: Optional[Callable[[], None]] = None) -> None:
-    session = RouteSession(tracker, "bench-model", client_id="bench", insecure=options.insecure)
+    session = RouteClient(tracker, "bench-model", client_id="bench", insecure=options.insecure)
     go.wait()
     try:
         for token in session.generate(ids, GenerationParams(max_tokens=tokens, ring=options.ring,

@@ -1,4 +1,4 @@
-"""RouteSession: generation through a tracker-issued chain of shards, with failover.
+"""RouteClient: generation through a tracker-issued chain of shards, with failover.
 
 The client asks the tracker for a route (a signed ticket per hop), opens one Seam stream to the
 first hop and a Results stream on the last hop, each over TLS pinned to the hop's registered
@@ -20,7 +20,7 @@ issues a new epoch without banning anyone).
 While it waits for tokens it renews the route's lease (a third of the way through each lease);
 the tracker being briefly unreachable costs neither tokens nor a clean finish: renewals and the
 final CloseRoute are retried or left to the lease, never raised to the caller.
-Thread ownership: a RouteSession is used by one caller thread; two reader threads per
+Thread ownership: a RouteClient is used by one caller thread; two reader threads per
 connection only feed its event queue.
 """
 
@@ -43,10 +43,10 @@ from meshnet.identity.tls import pinned_channel
 from meshnet.protocol import seam
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.types import seam as t
-from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId
+from meshnet.wire.status import Status, StatusCode
 
 _CLOSE = object()
 MAX_QUEUED_FRAMES = 8  # frames waiting for the first hop's stream; the client has at most ~3 in flight
@@ -206,7 +206,7 @@ class _Connection:
             channel.close()
 
 
-class RouteSession:
+class RouteClient:
     def __init__(self, tracker: TrackerClient, model: str, *, client_id: str = "meshnet-client",
                  max_failovers: int = 3, insecure: bool = False) -> None:
         """`insecure` allows hops without a TLS certificate (plaintext; loopback development)."""

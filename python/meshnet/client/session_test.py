@@ -13,8 +13,8 @@ import pytest
 
 from meshnet.client import session
 from meshnet.protocol import seam
-from meshnet.types import seam as t
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.status import Status, StatusCode
 
 ROUTE = t.RouteSession("rs-credit", 1)
 _END = object()

@@ -2,7 +2,7 @@
 
 `IncrementalText` takes token ids one at a time and says what new text is stable (it cannot
 change with later tokens) and whether a stop string has completed; `stream_text` wraps any
-iterator of token ids (e.g. RouteSession.generate) with it, yields the new text as it becomes
+iterator of token ids (e.g. RouteClient.generate) with it, yields the new text as it becomes
 stable, and at the first stop string yields the text before it and stops, closing the token
 iterator (which releases the route). Invariant: the concatenated output equals
 decode(all tokens consumed) cut at the first stop string.

@@ -14,6 +14,9 @@ are real HTTP statuses; a failure after that ends the stream with an OpenAI erro
 client that goes away cancels its route (CANCEL along the chain: every hop frees its KV).
 Prompts are built here: the GGUF's chat template (jinja2), and the GGUF's tokenizer, with no
 torch in the process.
+Size: about 400 lines, because the two generation endpoints are one contract (the same checks in
+the same order) and read best together; request models are in schema.py, the generation in
+generation.py.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from meshnet.gateway.chat import ChatTemplateError, render_chat
 from meshnet.gateway.errors import ApiError, bad_request, from_status
 from meshnet.gateway.keys import ApiKey, KeyRing
 from meshnet.gateway.metrics import GatewayMetrics
-from meshnet.types import seam as t
+from meshnet.wire import seam as t
 
 
 @dataclasses.dataclass(frozen=True)

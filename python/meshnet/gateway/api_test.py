@@ -22,9 +22,9 @@ from meshnet.client.session import MeshnetError
 from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel, create_app
 from meshnet.gateway.keys import ApiKey, KeyRing, digest
 from meshnet.gateway.main import server_config
-from meshnet.types import seam as t
-from meshnet.types import tracker as tt
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import Status, StatusCode
 
 EOS = 256
 KEY, OTHER_KEY = "sk-test-alice-0123456789", "sk-test-bob-0123456789ab"

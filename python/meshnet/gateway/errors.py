@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire.status import Status, StatusCode
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",

@@ -1,4 +1,4 @@
-"""One generation for the async gateway: RouteSession.stream on its own thread, read from
+"""One generation for the async gateway: RouteClient.stream on its own thread, read from
 asyncio.
 
 `SwarmBackend.start` opens a route through the tracker (as the key's client id) and returns a
@@ -18,17 +18,17 @@ import asyncio
 import threading
 from typing import Optional, Sequence
 
-from meshnet.client.session import GenerationParams, MeshnetError, RouteSession
+from meshnet.client.session import GenerationParams, MeshnetError, RouteClient
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.types import seam as t
-from meshnet.types import tracker as tt
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import Status, StatusCode
 
 _END = object()
 
 
 class TokenStream:
-    def __init__(self, session: RouteSession, prompt_ids: Sequence[int], params: GenerationParams,
+    def __init__(self, session: RouteClient, prompt_ids: Sequence[int], params: GenerationParams,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.session = session
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -84,7 +84,7 @@ class SwarmBackend:
         self._max_failovers = max_failovers
 
     def start(self, model: str, client_id: str, prompt_ids: Sequence[int], params: GenerationParams) -> TokenStream:
-        session = RouteSession(self.tracker, model, client_id=client_id, max_failovers=self._max_failovers,
+        session = RouteClient(self.tracker, model, client_id=client_id, max_failovers=self._max_failovers,
                                insecure=self._insecure)
         return TokenStream(session, prompt_ids, params, asyncio.get_running_loop())
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import nacl.exceptions
 import nacl.signing
 
-from meshnet.types.ids import NodeId
+from meshnet.wire.ids import NodeId
 
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64

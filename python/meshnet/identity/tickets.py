@@ -14,8 +14,8 @@ from typing import Optional
 from meshnet.identity.keys import Identity, verify
 from meshnet.protocol import seam
 from meshnet.protocol.errors import ProtocolError
-from meshnet.types import seam as t
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.status import Status, StatusCode
 
 TICKET_DOMAIN = b"meshnet-ticket-v1\0"
 RESULTS_DOMAIN = b"meshnet-results-v1\0"

@@ -6,8 +6,8 @@ import pytest
 
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
-from meshnet.types import seam as t
-from meshnet.types.status import StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.status import StatusCode
 
 TRACKER, CLIENT, NODE = Identity.generate(), Identity.generate(), Identity.generate()
 SESSION = t.RouteSession("rs-1", 3)

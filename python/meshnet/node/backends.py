@@ -16,8 +16,8 @@ from typing import Optional, Protocol
 from meshnet.identity.tls import pinned_channel
 from meshnet.node.telemetry import RateMeter
 from meshnet.node.worker import WorkerProcess, take_work
-from meshnet.types import tracker as tt
-from meshnet.types.seam import Fingerprints
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import Fingerprints
 
 
 class Backend(Protocol):

@@ -38,8 +38,8 @@ from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
-from meshnet.types import tracker as tt
-from meshnet.types.seam import Fingerprints
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import Fingerprints
 from meshnet.webserver import parse_listen
 
 

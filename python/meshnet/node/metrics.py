@@ -36,7 +36,7 @@ import grpc
 from meshnet.identity.tls import pinned_channel
 from meshnet.node.worker import MAX_BATCH_TOKENS
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.types import tracker as tt
+from meshnet.wire import tracker as tt
 
 if TYPE_CHECKING:  # the HTTP stack and prometheus_client are imported only when /metrics is served
     from prometheus_client.registry import CollectorRegistry

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from meshnet.node import metrics as node_metrics
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.types import tracker as tt
-from meshnet.types.seam import RouteSession
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import RouteSession
 
 
 class FakeShard(shard_pb2_grpc.ShardServicer):

@@ -20,9 +20,9 @@ import grpc
 
 from meshnet.process import log
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.types import tracker as tt
-from meshnet.types.seam import ProtocolVersion
-from meshnet.types.status import StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import ProtocolVersion
+from meshnet.wire.status import StatusCode
 
 
 class NodeRefused(Exception):

@@ -6,10 +6,10 @@ import grpc
 import pytest
 
 from meshnet.node.tracker_link import NodeRefused, TrackerLink
-from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId
-from meshnet.types.seam import RouteSession
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId
+from meshnet.wire.seam import RouteSession
+from meshnet.wire.status import Status, StatusCode
 
 OK = Status(StatusCode.OK)
 INFO = tt.NodeInfo(NodeId("n-test"), "127.0.0.1:1", tt.BackendKind.GGUF, "m", "llama", None, "", tt.LayerRange(0, 1),

@@ -27,8 +27,8 @@ from meshnet.identity.tls import pinned_channel
 from meshnet.node.telemetry import RateMeter
 from meshnet.process import listening_port
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.types import tracker as tt
-from meshnet.types.seam import RouteSession
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import RouteSession
 
 
 class WorkerError(RuntimeError):
@@ -37,7 +37,7 @@ class WorkerError(RuntimeError):
 
 MAX_BATCH_TOKENS = 256  # the worker's --max_batch_tokens (rows per engine decode)
 # The worker's --batch_window_us: how long its engine may wait for a session that decoded in
-# the last few batches before it decodes without it (cpp/worker/scheduler.h; a lone session
+# the last few batches before it decodes without it (cpp/worker/scheduler/scheduler.h; a lone session
 # never waits). The bench's c=8 cells report what it costs and gains.
 BATCH_WINDOW_US = 2000
 

@@ -9,7 +9,6 @@ declared, limit-checked wire size, and every bad input raises ProtocolError with
 from __future__ import annotations
 
 import dataclasses
-import math
 import zlib
 from typing import Optional, Sequence
 
@@ -17,8 +16,8 @@ import numpy as np
 
 from meshnet.protocol.errors import ProtocolError, exhausted, invalid
 from meshnet.protocol.tensors import Tensor
-from meshnet.types.seam import BundleHeader, ByteOrder, Compression, DType, TensorFragment, TensorSpec
-from meshnet.types.status import StatusCode
+from meshnet.wire.seam import BundleHeader, ByteOrder, Compression, DType, TensorFragment, TensorSpec
+from meshnet.wire.status import StatusCode
 
 ZLIB_LEVEL = 1
 _KNOWN_DTYPES = (DType.F32, DType.F16, DType.BF16)

@@ -11,8 +11,8 @@ import torch
 
 from meshnet.protocol import bundle, tensors
 from meshnet.protocol.errors import ProtocolError
-from meshnet.types.seam import ByteOrder, Compression, DType
-from meshnet.types.status import StatusCode
+from meshnet.wire.seam import ByteOrder, Compression, DType
+from meshnet.wire.status import StatusCode
 
 SHAPES = [(1, 576), (7, 576), (128, 2048), (4096, 8192)]
 RNG = np.random.default_rng(1234)

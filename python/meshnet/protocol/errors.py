@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire.status import Status, StatusCode
 
 
 class ProtocolError(Exception):

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from meshnet.protocol import bundle, seam, tensors
 from meshnet.protocol.errors import ProtocolError
-from meshnet.types import seam as t
-from meshnet.types.ids import SessionId
+from meshnet.wire import seam as t
+from meshnet.wire.ids import SessionId
 
 EXAMPLES = 4000
 SMALL_LIMITS = bundle.Limits(max_fragment_bytes=256, max_bundle_bytes=8192, max_tensors=4)

@@ -1,4 +1,4 @@
-"""The seam protocol's edge: meshnet.shard.v1 protobuf <-> native types (meshnet.types.seam).
+"""The seam protocol's edge: meshnet.shard.v1 protobuf <-> native types (meshnet.wire.seam).
 
 Callers encode and decode whole messages here and never see *_pb2 types. Decoding checks the
 protocol version (major 1; any minor) and turns malformed bytes into ProtocolError. Encoding is
@@ -13,9 +13,9 @@ from google.protobuf.message import DecodeError, Message
 
 from meshnet.protocol.errors import ProtocolError, invalid
 from meshnet.shard.v1 import shard_pb2 as pb
-from meshnet.types import seam as t
-from meshnet.types.ids import SessionId
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.ids import SessionId
+from meshnet.wire.status import Status, StatusCode
 
 PROTOCOL_VERSION = t.ProtocolVersion(major=1, minor=0)
 SUPPORTED_MAJORS = (1,)
@@ -319,7 +319,7 @@ def check_version(version: Optional[t.ProtocolVersion]) -> None:
 
 
 def decode(cls: type, data: bytes) -> NativeMessage:
-    """Parses `data` as the message type `cls` (a meshnet.types.seam class)."""
+    """Parses `data` as the message type `cls` (a meshnet.wire.seam class)."""
     pb_cls, decode_fn, _ = _CODECS[cls]
     message = pb_cls()
     try:

@@ -8,9 +8,9 @@ import pytest
 from meshnet.protocol import bundle, seam, tensors
 from meshnet.protocol.errors import ProtocolError
 from meshnet.shard.v1 import shard_pb2 as pb
-from meshnet.types import seam as t
-from meshnet.types.ids import SessionId
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.ids import SessionId
+from meshnet.wire.status import Status, StatusCode
 
 V1 = seam.PROTOCOL_VERSION
 SESSION = t.RouteSession(SessionId("sess-1"), 3)

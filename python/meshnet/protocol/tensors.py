@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from meshnet.types.seam import DType
+from meshnet.wire.seam import DType
 
 if TYPE_CHECKING:
     import torch

@@ -1,4 +1,4 @@
-"""The tracker protocol's edge: meshnet.tracker.v1 protobuf <-> native types (meshnet.types.tracker).
+"""The tracker protocol's edge: meshnet.tracker.v1 protobuf <-> native types (meshnet.wire.tracker).
 
 Conversion is generic: native dataclass fields carry the proto field names; sub-messages map
 through the registry below (absent -> None), repeated fields become tuples, enums become the
@@ -16,9 +16,9 @@ from google.protobuf.message import DecodeError, Message
 from meshnet.protocol.errors import invalid
 from meshnet.shard.v1 import shard_pb2
 from meshnet.tracker.v1 import tracker_pb2 as pb
-from meshnet.types import seam as seam_types
-from meshnet.types import tracker as tt
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as seam_types
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import Status, StatusCode
 
 _NATIVE: dict[str, type] = {
     shard_pb2.ProtocolVersion.DESCRIPTOR.full_name: seam_types.ProtocolVersion,

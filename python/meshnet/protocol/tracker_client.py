@@ -17,9 +17,9 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.requests import sign_request
 from meshnet.protocol import tracker as codec
 from meshnet.tracker.v1 import tracker_pb2_grpc
-from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId
-from meshnet.types.seam import RouteSession
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId
+from meshnet.wire.seam import RouteSession
 
 
 class TrackerClient:

@@ -9,10 +9,10 @@ import pytest
 from meshnet.protocol import tracker
 from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.v1 import tracker_pb2 as pb
-from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId, SessionId
-from meshnet.types.seam import Fingerprints, ProtocolVersion, RouteSession, RouteTicket
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId, SessionId
+from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession, RouteTicket
+from meshnet.wire.status import Status, StatusCode
 
 NODE = tt.NodeInfo(NodeId("node-a"), "127.0.0.1:7001", tt.BackendKind.GGUF, "smollm2-135m-instruct", "llama",
                    Fingerprints("sha256:aa", "sha256:bb"), "sha256:cc", tt.LayerRange(0, 10),

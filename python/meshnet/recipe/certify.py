@@ -14,15 +14,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from meshnet.recipe.fingerprint import GgufSummary, artifact_fingerprint, gguf_summary, tensor_digests
 from meshnet.recipe.recipe import RuntimeRecipe, recipe_for
 
+
+def llama_cpp_commit() -> str:
+    """The pinned llama.cpp commit, from third_party/versions.bzl: through the build
+    (//python/meshnet/recipe:pins writes pins.json beside this module), or, in a source tree
+    without Bazel, from versions.bzl itself."""
+    pins = Path(__file__).with_name("pins.json")
+    if pins.exists():
+        return json.loads(pins.read_text())["llama_cpp_commit"]
+    versions = Path(__file__).resolve().parents[3] / "third_party" / "versions.bzl"
+    match = re.search(r'^LLAMA_CPP_COMMIT = "([0-9a-f]{40})"$', versions.read_text(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"no LLAMA_CPP_COMMIT in {versions}")
+    return match.group(1)
+
+
 # What each backend runs, besides the artifact: wire dtype, KV dtype, runtime identity.
 BACKEND_DEFAULTS = {
     "reference": {"activation_dtype": "f32", "kv_dtype": "f32", "patch_level": "transformers-reference-v1"},
-    "gguf": {"activation_dtype": "f32", "kv_dtype": "f16", "patch_level": "llama.cpp@0c1e570"},
+    "gguf": {"activation_dtype": "f32", "kv_dtype": "f16", "patch_level": f"llama.cpp@{llama_cpp_commit()[:7]}"},
 }
 
 

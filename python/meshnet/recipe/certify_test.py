@@ -47,3 +47,18 @@ def test_summarize_range_is_the_summary_and_the_range_fingerprint(gguf):
     from meshnet.recipe.fingerprint import gguf_summary, range_fingerprint, summarize_range
 
     assert summarize_range(gguf, 1, 3) == (gguf_summary(gguf), range_fingerprint(gguf, 1, 3))
+
+
+def test_the_gguf_recipe_names_the_pin_of_versions_bzl():
+    """The pin is written once, in third_party/versions.bzl; the recipe gets it through the
+    build (pins.json beside certify.py under Bazel)."""
+    import os
+    import re
+    from pathlib import Path
+
+    text = Path(os.environ["MESHNET_VERSIONS_BZL"]).read_text()
+    pinned = re.search(r'^LLAMA_CPP_COMMIT = "([0-9a-f]{40})"$', text, re.MULTILINE).group(1)
+    assert certify.llama_cpp_commit() == pinned
+    assert certify.BACKEND_DEFAULTS["gguf"]["patch_level"] == f"llama.cpp@{pinned[:7]}"
+    if "TEST_SRCDIR" in os.environ:  # under Bazel: through the build, not by reading the .bzl
+        assert Path(certify.__file__).with_name("pins.json").exists()

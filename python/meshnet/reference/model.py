@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.masking_utils import create_causal_mask
 
 from meshnet.protocol.errors import ProtocolError
-from meshnet.types.status import StatusCode
+from meshnet.wire.status import StatusCode
 
 
 def load_model(gguf: str | Path) -> nn.Module:

@@ -10,7 +10,7 @@ import torch
 
 from meshnet.protocol.errors import ProtocolError
 from meshnet.reference.model import ReferenceEngine, ShardModel, load_model, load_tokenizer
-from meshnet.types.status import StatusCode
+from meshnet.wire.status import StatusCode
 
 GGUF = os.environ["MESHNET_BUNDLED_GGUF"]
 CUTS = [(0, 10), (10, 20), (20, 30)]

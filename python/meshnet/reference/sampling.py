@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from meshnet.types.seam import SamplingParams, SampledToken, TokenLogprob
+from meshnet.wire.seam import SamplingParams, SampledToken, TokenLogprob
 
 
 class Sampler:

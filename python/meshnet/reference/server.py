@@ -9,6 +9,9 @@ read. `serve` / `serve_shard` build the bounded gRPC server around it.
 Invariants: a refused frame creates no state; a repeated step is answered from the record, not
 recomputed; when a session is released, cancelled, fenced, idle or its upstream stream is lost,
 its KV is freed here and the release travels on.
+Size: over 400 lines, because it mirrors one C++ class (cpp/worker/service.*) method for method so
+the two hop implementations can be read side by side; admission is in sessions.py, the engine in
+model.py.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from meshnet.reference.model import ReferenceEngine
 from meshnet.reference.sampling import Sampler
 from meshnet.reference.sessions import Options, Refusal, ResultsTable, Session, SessionTable
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.types import seam as t
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.status import Status, StatusCode
 
 CREDITS = 8
 HIDDEN = "hidden_states"

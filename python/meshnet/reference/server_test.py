@@ -1,7 +1,8 @@
 """Shard server over real gRPC on loopback with a fake engine (named as such, test only): tickets,
 epoch fencing, stream binding, bounded inputs, Results authorization, idempotent steps, release,
 stream loss and the idle deadline. Each refusal asserts its exact code and that an honest
-session beside it still gets exactly its tokens."""
+session beside it still gets exactly its tokens. (Over 400 lines: one case per refusal of the
+hop contract, on one fixture.)"""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from meshnet.protocol import bundle, seam, tensors
 from meshnet.protocol.errors import ProtocolError
 from meshnet.reference.server import HIDDEN, ShardServer, serve
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.types import seam as t
-from meshnet.types.status import StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.status import StatusCode
 
 TRACKER = Identity.generate()
 CLIENT = Identity.generate()

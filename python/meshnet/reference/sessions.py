@@ -24,8 +24,8 @@ import time
 from typing import Callable, Hashable, Optional
 
 from meshnet.identity import tickets
-from meshnet.types import seam as t
-from meshnet.types.status import OK, Status, StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.status import OK, Status, StatusCode
 
 Key = tuple[str, int]  # (session id, epoch)
 

@@ -8,8 +8,8 @@ import pytest
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
 from meshnet.reference.sessions import Options, Refusal, ResultsTable, SessionTable, check_downstream
-from meshnet.types import seam as t
-from meshnet.types.status import StatusCode
+from meshnet.wire import seam as t
+from meshnet.wire.status import StatusCode
 
 TRACKER = Identity.generate()
 NODE, LAYERS = "n-self", (0, 2)

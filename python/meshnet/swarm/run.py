@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from meshnet.client.session import GenerationParams, RouteSession
+from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.client.text import stream_text
 from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.process import stop_on_signals
@@ -90,7 +90,7 @@ def main() -> int:
             if args.serve:
                 return serve(swarm, args.listen)
             with swarm.client() as tracker:
-                session = RouteSession(tracker, swarm.model, client_id="swarm-run", insecure=args.insecure)
+                session = RouteClient(tracker, swarm.model, client_id="swarm-run", insecure=args.insecure)
                 ids = tokenizer.encode(prompt)
                 print(prompt, end="", flush=True)
                 begun, tokens = time.perf_counter(), []

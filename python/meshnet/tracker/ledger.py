@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
-from meshnet.types.status import StatusCode
-from meshnet.types.tracker import WorkEntry
+from meshnet.wire.status import StatusCode
+from meshnet.wire.tracker import WorkEntry
 
 MAX_REPORT_ID = (1 << 63) - 1
 

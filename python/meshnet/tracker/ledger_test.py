@@ -9,9 +9,9 @@ import pytest
 
 from meshnet.tracker.ledger import ClientTotals, Ledger, NodeTotals, WorkRefused
 from meshnet.tracker.ledger import main as ledger_main
-from meshnet.types.seam import RouteSession
-from meshnet.types.status import StatusCode
-from meshnet.types.tracker import WorkEntry
+from meshnet.wire.seam import RouteSession
+from meshnet.wire.status import StatusCode
+from meshnet.wire.tracker import WorkEntry
 
 CAP = 1 << 24  # the registry's MAX_EXPECTED_TOKENS: the largest cap a route can have
 

@@ -12,6 +12,8 @@ capacity returns. A route only enters a GGUF node at its registered start (the w
 from an effective start); reference nodes may be entered at any layer they serve. A route keeps
 the client_id it was opened with across epochs (the ledger attributes its work to it).
 `snapshot()` is a bounded, read-only copy for the status page and metrics (tracker/web.py).
+Size: over 400 lines, because every method mutates state under the one lock and its invariants
+span nodes, leases and routes together; route choice itself is in routing.py.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from meshnet.identity import keys
 from meshnet.recipe import fingerprint
 from meshnet.tracker import routing
 from meshnet.tracker import snapshot as snap
-from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId, SessionId
-from meshnet.types.seam import RouteSession
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId, SessionId
+from meshnet.wire.seam import RouteSession
+from meshnet.wire.status import Status, StatusCode
 
 CERTIFIED_ARCHITECTURES = frozenset({"llama"})  # architectures with a certified shard adapter
 MAX_LAYERS = 4096

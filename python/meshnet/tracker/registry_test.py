@@ -10,10 +10,10 @@ import pytest
 from meshnet.identity.keys import Identity
 from meshnet.recipe import fingerprint
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId
-from meshnet.types.seam import Fingerprints, RouteSession
-from meshnet.types.status import StatusCode
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId
+from meshnet.wire.seam import Fingerprints, RouteSession
+from meshnet.wire.status import StatusCode
 
 MODEL = CertifiedModel("smol", "llama", 30, "sha256:art", "sha256:rec")
 GOOD_FP = Fingerprints("sha256:art", "sha256:rec")

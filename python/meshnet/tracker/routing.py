@@ -15,7 +15,7 @@ import dataclasses
 import heapq
 from typing import Sequence
 
-from meshnet.types.ids import NodeId
+from meshnet.wire.ids import NodeId
 
 DEFAULT_SECONDS_PER_LAYER = 0.001  # compute estimate before a node reports telemetry
 HOP_OVERHEAD_SECONDS = 0.002  # serialisation + one network latency on loopback/LAN

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from meshnet.tracker.routing import Candidate, NoRouteError, RouteHop, find_route, uncovered_ranges
-from meshnet.types.ids import NodeId
+from meshnet.wire.ids import NodeId
 
 
 def c(node, start, end, **kw):

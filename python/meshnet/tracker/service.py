@@ -32,9 +32,9 @@ from meshnet.tracker.ledger import Ledger, WorkRefused
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import Registry
 from meshnet.tracker.v1 import tracker_pb2_grpc
-from meshnet.types import seam as st
-from meshnet.types import tracker as tt
-from meshnet.types.status import Status, StatusCode
+from meshnet.wire import seam as st
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import Status, StatusCode
 
 ROLES = ("node", "client", "gateway", "verifier")
 _NODE, _ROUTES, _ANY = frozenset({"node"}), frozenset({"client", "gateway"}), frozenset(ROLES)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping, Optional
 
-from meshnet.types import tracker as tt
-from meshnet.types.ids import NodeId
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId
 
 MAX_NODES = 256  # nodes listed in one snapshot
 MAX_ROUTES = 128  # live routes listed in one snapshot

@@ -8,7 +8,7 @@ import datetime
 from meshnet.tracker import snapshot as snap
 from meshnet.tracker.ledger import ClientTotals, NodeTotals
 from meshnet.tracker.status_page import MAX_COLUMNS, coverage_map, render
-from meshnet.types import tracker as tt
+from meshnet.wire import tracker as tt
 
 NOW = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
 HOSTILE = '<script>alert("x")</script>'

@@ -21,8 +21,8 @@ from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import new_role_tokens, serve
-from meshnet.types import tracker as tt
-from meshnet.types.seam import Fingerprints, ProtocolVersion
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import Fingerprints, ProtocolVersion
 
 MODEL = CertifiedModel("smol", "llama", 30, "sha256:art", "sha256:rec")
 

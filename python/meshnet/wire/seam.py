@@ -11,8 +11,8 @@ import dataclasses
 import enum
 from typing import Optional
 
-from meshnet.types.ids import SessionId
-from meshnet.types.status import Status
+from meshnet.wire.ids import SessionId
+from meshnet.wire.status import Status
 
 
 class DType(enum.IntEnum):

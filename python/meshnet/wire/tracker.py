@@ -10,9 +10,9 @@ import dataclasses
 import enum
 from typing import Optional, Sequence
 
-from meshnet.types.ids import NodeId
-from meshnet.types.seam import Fingerprints, ProtocolVersion, RouteSession, RouteTicket
-from meshnet.types.status import Status
+from meshnet.wire.ids import NodeId
+from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession, RouteTicket
+from meshnet.wire.status import Status
 
 
 class BackendKind(enum.IntEnum):
