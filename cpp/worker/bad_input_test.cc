@@ -74,12 +74,8 @@ class SeamClient {
 };
 
 protocol::SeamFrame Frame(const std::string& id, uint64_t epoch, Phase phase, uint64_t step) {
-  protocol::SeamFrame frame;
-  frame.version = protocol::CurrentVersion();
-  frame.session = protocol::RouteSession{id, epoch};
+  protocol::SeamFrame frame = test_support::NewFrame(protocol::RouteSession{id, epoch}, phase, step);
   frame.fingerprints = NodeFingerprints();
-  frame.phase = phase;
-  frame.step = step;
   return frame;
 }
 

@@ -87,14 +87,7 @@ TEST(SoakTest, CancelAtRandomPointsFreesKvAndKeepsRss) {
     seam_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     auto seam = stub1->Seam(&seam_context);
 
-    auto frame = [&](Phase phase, uint64_t step) {
-      protocol::SeamFrame f;
-      f.version = protocol::CurrentVersion();
-      f.session = session;
-      f.phase = phase;
-      f.step = step;
-      return f;
-    };
+    auto frame = [&](Phase phase, uint64_t step) { return test_support::NewFrame(session, phase, step); };
     protocol::SeamFrame step = frame(Phase::kPrefill, 1);
     step.span = protocol::TokenSpan{0, static_cast<uint32_t>(prompt_len)};
     for (int i = 0; i < prompt_len; ++i) step.token_ids.push_back(uniform(0, kVocab - 1));
