@@ -4,7 +4,7 @@ the libraries every such test uses (client, swarm launcher, reference model, sha
 
 load("//tools:pytest.bzl", "py_pytest")
 
-def swarm_test(name, srcs, deps = [], **kwargs):
+def swarm_test(name, srcs, deps = [], data = [], env = {}, **kwargs):
     py_pytest(
         name = name,
         srcs = srcs,
@@ -12,12 +12,12 @@ def swarm_test(name, srcs, deps = [], **kwargs):
             "//cpp/engine:greedy",
             "//cpp/worker:worker",
             "@smollm2//:gguf",
-        ],
-        env = {
+        ] + data,
+        env = dict({
             "MESHNET_BUNDLED_GGUF": "$(location @smollm2//:gguf)",
             "MESHNET_GREEDY_BINARY": "$(location //cpp/engine:greedy)",
             "MESHNET_WORKER_BINARY": "$(location //cpp/worker:worker)",
-        },
+        }, **env),
         deps = [
             "//python/meshnet/client",
             "//python/meshnet/reference",

@@ -217,9 +217,11 @@ class LocalSwarm:
                  node_hosts: Sequence[str] = (), node_prefixes: Sequence[Sequence[str]] = (),
                  max_kv_tokens: Optional[int] = None, insecure: bool = False, ban_seconds: float = 30.0,
                  max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False,
-                 node_advertise: Sequence[str] = ()) -> None:
+                 node_advertise: Sequence[str] = (), node_ggufs: Sequence[Path] = ()) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
-        namespaces; by default every process is on loopback. `node_advertise` (one host:port per
+        namespaces; by default every process is on loopback. `node_ggufs` (one per cut) are
+        byte-identical copies of `gguf` each node reads instead, so nodes share no page cache, as
+        on separate machines. `node_advertise` (one host:port per
         cut) is the address each node registers instead of its own (a delay proxy in front of
         it; see NodeProcess.port for the bound one). `insecure`: plaintext links.
         `ban_seconds`/`max_ban_seconds`: how long the tracker avoids a node reported failed.
@@ -235,7 +237,7 @@ class LocalSwarm:
         self.insecure, self.node_metrics = insecure, node_metrics
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
-        self.node_advertise = list(node_advertise)
+        self.node_advertise, self.node_ggufs = list(node_advertise), list(node_ggufs)
         self.nodes: dict[str, NodeProcess] = {}  # by node id (derived from each node's key)
         self.ids: dict[str, str] = {}  # node name ("node-0") -> node id
         self._channels: dict[tuple[str, str, str], grpc.Channel] = {}  # see shard_channels()
@@ -246,14 +248,15 @@ class LocalSwarm:
         for i, cut in enumerate(self.cuts):
             self.add_node(f"node-{i}", cut, wait=False, host=self.node_hosts[i] if self.node_hosts else "127.0.0.1",
                           prefix=self.node_prefixes[i] if self.node_prefixes else (),
-                          advertise=self.node_advertise[i] if self.node_advertise else "")
+                          advertise=self.node_advertise[i] if self.node_advertise else "",
+                          gguf=self.node_ggufs[i] if self.node_ggufs else None)
         for node in self.nodes.values():
             node.wait_ready()
         return self
 
     def add_node(self, name: str, layers: tuple[int, int], wait: bool = True, host: str = "127.0.0.1",
-                 prefix: Sequence[str] = (), advertise: str = "") -> NodeProcess:
-        node = NodeProcess(self.workdir, self.tracker, self.gguf, self.model, layers, name, backend=self.backend,
+                 prefix: Sequence[str] = (), advertise: str = "", gguf: Optional[Path] = None) -> NodeProcess:
+        node = NodeProcess(self.workdir, self.tracker, gguf or self.gguf, self.model, layers, name, backend=self.backend,
                            max_sessions=self.max_sessions, threads=self.threads, worker_binary=self.worker_binary,
                            host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens,
                            metrics=self.node_metrics, advertise=advertise).launch()
