@@ -36,11 +36,15 @@ def wan_lane_names(delay_ms: int) -> tuple[str, ...]:
             f"wan_{delay_ms}ms_gguf_ring_3_nodes_copy", f"wan_{delay_ms}ms_gguf_ring_3_nodes_spec_copy")
 
 
+# Lanes on the synthetic ~1.1B model (//tools:synthetic_model; issue 16), run with
+# --synthetic-gguf: weights dominate memory there, as they do for the models Meshnet is for.
+SYNTHETIC_LANES = ("synthetic_1b_llama_cpp_single_process", "synthetic_1b_gguf_ring_1_node",
+                   "synthetic_1b_gguf_ring_3_nodes", "synthetic_1b_reference_route_3_nodes")
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
          "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
-         "gguf_ring_3_nodes_spec", "gateway_3_nodes")
+         "gguf_ring_3_nodes_spec", "gateway_3_nodes", *SYNTHETIC_LANES)
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
@@ -64,6 +68,10 @@ LABELS = {
     "gguf_route_3_nodes_plaintext": "GGUF route, {k} nodes, plaintext links (--insecure; tickets on)",
     "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
     "gateway_3_nodes": "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
+    "synthetic_1b_llama_cpp_single_process": "synthetic 1.1B Q4_0: llama.cpp, one process (batched-bench)",
+    "synthetic_1b_gguf_ring_1_node": "synthetic 1.1B Q4_0: GGUF route, 1 node, ring decode",
+    "synthetic_1b_gguf_ring_3_nodes": "synthetic 1.1B Q4_0: GGUF route, {k} nodes, ring decode",
+    "synthetic_1b_reference_route_3_nodes": "synthetic 1.1B: Transformers fp32 reference route, {k} nodes",
 }
 RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
 
@@ -264,6 +272,12 @@ class Bench:
         lane["notes"].append(f"{a.threads} compute threads per node; swarm and gateway ready in {lane['startup_s']} s")
         return lane
 
+    def synthetic(self) -> Path:
+        """The synthetic ~1.1B GGUF of --synthetic-gguf; LaneUnavailable without it."""
+        if self.args.synthetic_gguf is None:
+            raise LaneUnavailable("needs --synthetic-gguf (tools/bazel run //tools:synthetic_model prints its path)")
+        return self.args.synthetic_gguf
+
     def facts(self, model: Path) -> dict:
         if model not in self._facts:
             self._facts[model] = model_facts(model)
@@ -308,6 +322,17 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
         "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),
     }
+    short = {min(prompt_lengths): prompts[min(prompt_lengths)]}
+    runners.update({
+        "synthetic_1b_llama_cpp_single_process": lambda: bench.llama_single(bench.synthetic(), list(short),
+                                                                            concurrency),
+        "synthetic_1b_gguf_ring_1_node": lambda: bench.route(bench.synthetic(), "gguf", 1, short, concurrency,
+                                                             progress, options=RouteOptions(ring=True)),
+        "synthetic_1b_gguf_ring_3_nodes": lambda: bench.route(bench.synthetic(), "gguf", k, short, concurrency,
+                                                              progress, options=RouteOptions(ring=True)),
+        "synthetic_1b_reference_route_3_nodes": lambda: bench.route(bench.synthetic(), "reference", k, short, [1],
+                                                                    progress),
+    })
     speculation_pairs = [("gguf_ring_3_nodes_spec", "gguf_ring_3_nodes")]
     for d in WAN_DELAYS_MS:
         ring_lane, rpc_lane, copy, spec_copy = wan_lane_names(d)
