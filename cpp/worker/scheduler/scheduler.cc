@@ -32,12 +32,8 @@ std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget
 }
 
 Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
-  // PlanBatch never puts more than max_batch_tokens rows in one Decode, so the context's batch
-  // and its compute buffers are sized to exactly that (issue 14: buffers sized to the batch
-  // limit; llama.cpp's default of 512 rows doubled them at the worker's 256).
-  options_.max_batch_tokens = std::max(1, options_.max_batch_tokens);
-  options_.context.n_batch = options_.max_batch_tokens;
-  options_.context.n_ubatch = options_.max_batch_tokens;
+  options_.context.n_batch = std::max(options_.context.n_batch, options_.max_batch_tokens);
+  options_.context.n_ubatch = std::max(options_.context.n_ubatch, options_.max_batch_tokens);
   options_.max_prefill_chunk = std::max(1, options_.max_prefill_chunk);
   lengths_.assign(std::max(1, options_.context.n_seq), 0);
   owner_floor_.assign(lengths_.size(), 0);
