@@ -275,6 +275,8 @@ class RouteClient:
                                            StatusCode.VERSION_MISMATCH, StatusCode.FINGERPRINT_MISMATCH):
                     self._close_route(conn.route)
                     raise MeshnetError(failure.status) from None
+                log("hop_failed", session=conn.route.session_id, epoch=conn.route.epoch, node=failure.node_id,
+                    status=failure.status.code.name, message=failure.status.message)
                 if len(self.failovers) >= self._max_failovers:
                     raise MeshnetError(failure.status) from None
                 reply = self._tracker.report_failure(conn.route, NodeId(failure.node_id), failure.status)
