@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -32,9 +31,7 @@ from meshnet.recipe.gguf_header import read_header
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm, even_cuts
 from route_cases import PROMPTS, llama_cpp_greedy
-
-sys.path.insert(0, str(Path(os.environ["MESHNET_SYNTHETIC_MODEL_TOOL"]).resolve().parent))
-import synthetic_model  # noqa: E402 - tools/synthetic_model.py, found beside its runfile
+from synthetic_model import DEFAULT_CACHE, build  # tools/synthetic_model.py
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
@@ -111,8 +108,7 @@ class MemoryCap:
 
 @pytest.fixture(scope="module")
 def model() -> dict:
-    return synthetic_model.build(synthetic_model.DEFAULT_CACHE, 0, GGUF, Path(os.environ["MESHNET_CONVERTER"]),
-                                 Path(os.environ["MESHNET_QUANTIZE"]))
+    return build(DEFAULT_CACHE, 0, GGUF, Path(os.environ["MESHNET_CONVERTER"]), Path(os.environ["MESHNET_QUANTIZE"]))
 
 
 @pytest.fixture(scope="module")
