@@ -66,6 +66,8 @@ class NodeInfo:
     n_layer: int
     public_key: bytes = b""  # Ed25519 identity key; node_id == identity.keys.node_id(public_key)
     tls_certificate: str = ""  # PEM of the shard service's certificate, pinned by its peers
+    relay: str = ""  # host:port of the relay `address` is an allocation on; "" = reached directly
+    relay_rtt_ms: float = 0.0  # the node's measured round trip to that relay
 
 
 @dataclasses.dataclass(frozen=True)

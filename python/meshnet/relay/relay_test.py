@@ -1,0 +1,186 @@
+"""The relay on loopback with real sockets: a TLS gRPC service (Diag, standing in for a shard)
+reachable only through its relay allocation; refusals with their exact status, each beside an
+honest node that keeps working; bounds; a relay that changes a byte is caught by TLS."""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from meshnet.identity import certificates
+from meshnet.identity.keys import Identity
+from meshnet.identity.requests import sign_request
+from meshnet.identity.tls import bind, pinned_channel
+from meshnet.protocol import diag
+from meshnet.relay.agent import RelayAgent, RelayUnavailable
+from meshnet.relay.server import ATTACH, PIPE, CONNECTION_METADATA, RelayLimits, RelayServer
+from meshnet.relay.v1 import relay_pb2, relay_pb2_grpc
+
+TOKEN = "node-role-token"
+
+
+@pytest.fixture(scope="module")
+def shard():
+    """A TLS gRPC service on loopback with its own pinned certificate: (address, cert PEM)."""
+    cert, key = certificates.self_signed("meshnet-node", ["meshnet-node"])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    diag.add_to_server(server, "shard-behind-nat")
+    port = bind(server, "127.0.0.1:0", (cert, key))
+    server.start()
+    yield f"127.0.0.1:{port}", cert
+    server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def relay_tls():
+    return certificates.self_signed("meshnet-relay", ["localhost"], ["127.0.0.1"])
+
+
+def start_relay(relay_tls, cls=RelayServer, **limits) -> RelayServer:
+    return cls("127.0.0.1:0", "127.0.0.1", tls=relay_tls, token=TOKEN, limits=RelayLimits(**limits)).start()
+
+
+def start_agent(relay: RelayServer, relay_tls, shard, identity=None, token=TOKEN) -> RelayAgent:
+    agent = RelayAgent(relay.address, identity or Identity.generate(), token, lambda: shard[0], ca=relay_tls[0])
+    agent.start(timeout=20)
+    return agent
+
+
+def ping_through(address: str, cert: bytes) -> str:
+    with pinned_channel(address, cert) as channel:
+        return diag.ping(channel, timeout=10).server
+
+
+def relay_stub(relay: RelayServer, relay_tls):
+    channel = grpc.secure_channel(relay.address, grpc.ssl_channel_credentials(root_certificates=relay_tls[0]))
+    return channel, relay_pb2_grpc.RelayStub(channel)
+
+
+def test_a_tls_service_is_reached_through_its_allocation_and_bytes_pass_unchanged(shard, relay_tls):
+    relay = start_relay(relay_tls)
+    agent = start_agent(relay, relay_tls, shard)
+    try:
+        assert agent.address.startswith("127.0.0.1:") and agent.address != shard[0]
+        assert agent.rtt_ms > 0
+        assert ping_through(agent.address, shard[1]) == "shard-behind-nat"
+        payloads = [bytes([i]) * (200_000 + i) for i in range(4)]  # several Chunks each
+        with pinned_channel(agent.address, shard[1]) as channel:
+            answers = list(diag.echo(channel, payloads))
+        assert [p for _, p in answers] == payloads
+        assert relay.stats.bytes_to_nodes > sum(map(len, payloads))
+        assert relay.stats.bytes_from_nodes > sum(map(len, payloads))
+        assert agent.pipes >= 1
+    finally:
+        agent.stop()
+        relay.stop()
+
+
+def test_a_detached_node_s_allocation_closes(shard, relay_tls):
+    relay = start_relay(relay_tls)
+    agent = start_agent(relay, relay_tls, shard)
+    address = agent.address
+    agent.stop()
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            time.sleep(0.1)
+        except ConnectionRefusedError:
+            break
+    else:
+        pytest.fail(f"the allocation {address} still accepts connections after its node left")
+    assert relay.stats.attached == 0
+    relay.stop()
+
+
+class TamperingRelay(RelayServer):
+    """Test-only: flips one bit of the 3000th byte a peer sends toward the node."""
+
+    seen = 0
+
+    def forward_to_node(self, data: bytes) -> bytes:
+        start, self.seen = self.seen, self.seen + len(data)
+        if start <= 3000 < self.seen:
+            at = 3000 - start
+            data = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
+        return data
+
+
+def test_a_relay_that_changes_a_byte_is_caught_and_the_service_never_sees_the_change(shard, relay_tls):
+    relay = start_relay(relay_tls, cls=TamperingRelay)
+    agent = start_agent(relay, relay_tls, shard)
+    payload = b"A" * 20_000
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            with pinned_channel(agent.address, shard[1]) as channel:
+                answers = list(diag.echo(channel, [payload]))
+                assert answers == [(0, payload)], "the service answered with bytes the relay changed"
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert relay.seen > 3000  # it did change a byte inside the TLS stream
+    finally:
+        agent.stop()
+        relay.stop()
+
+
+def test_refusals_have_exact_statuses_and_leave_an_honest_node_serving(shard, relay_tls):
+    relay = start_relay(relay_tls, max_nodes=1)
+    honest = start_agent(relay, relay_tls, shard)
+    channel, stub = relay_stub(relay, relay_tls)
+    mallory = Identity.generate()
+    try:
+        # claiming another node's id
+        request = relay_pb2.AttachRequest(node_id=honest._identity.node_id)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stub.Attach(request, metadata=sign_request(mallory, TOKEN, ATTACH, request.SerializeToString())))
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # a signature over other bytes
+        request = relay_pb2.AttachRequest(node_id=mallory.node_id)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stub.Attach(request, metadata=sign_request(mallory, TOKEN, ATTACH, b"other bytes")))
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # not of this swarm
+        with pytest.raises(RelayUnavailable, match="PERMISSION_DENIED"):
+            start_agent(relay, relay_tls, shard, token="wrong-token")
+        # over the node cap (1): refused before a port is opened
+        with pytest.raises(RelayUnavailable, match="RESOURCE_EXHAUSTED"):
+            start_agent(relay, relay_tls, shard)
+        # a Pipe for a connection this key does not own
+        pipe = stub.Pipe(iter(()), metadata=sign_request(mallory, TOKEN, PIPE, b"12345") + ((CONNECTION_METADATA, "12345"),))
+        with pytest.raises(grpc.RpcError) as caught:
+            list(pipe)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert ping_through(honest.address, shard[1]) == "shard-behind-nat"
+        assert relay.stats.attached == 1
+    finally:
+        channel.close()
+        honest.stop()
+        relay.stop()
+
+
+def test_connections_are_bounded_and_an_unpiped_one_is_closed(relay_tls):
+    relay = start_relay(relay_tls, max_connections_per_node=1, accept_seconds=0.5)
+    channel, stub = relay_stub(relay, relay_tls)
+    node = Identity.generate()
+    request = relay_pb2.AttachRequest(node_id=node.node_id)
+    events = stub.Attach(request, metadata=sign_request(node, TOKEN, ATTACH, request.SerializeToString()))
+    try:
+        host, port = next(events).allocation.address.rsplit(":", 1)
+        first = socket.create_connection((host, int(port)), timeout=5)
+        assert next(events).incoming.connection_id > 0  # the node is told; it never pipes it
+        second = socket.create_connection((host, int(port)), timeout=5)
+        assert second.recv(1) == b""  # over the cap: closed at once
+        started = time.monotonic()
+        assert first.recv(1) == b""  # closed once accept_seconds passed
+        assert time.monotonic() - started < 5
+        assert relay.stats.refused == 2 and relay.stats.connections == 0
+        first.close()
+        second.close()
+    finally:
+        events.cancel()
+        channel.close()
+        relay.stop()

@@ -1,0 +1,282 @@
+"""The relay role (ADR 0007): a public address for a node that takes no inbound connections.
+
+A relayed node dials out and holds `Attach` open. The relay opens a TCP listener for it (its
+allocation: `public_host:port`, which the node registers with the tracker as its address) and,
+for every connection a peer makes to that listener, sends the node an `Incoming`; the node opens
+a `Pipe` for it, and the relay copies bytes between the peer's TCP connection and the Pipe,
+unchanged, both ways. Peers speak TLS to the node itself (they pin the node's registered
+certificate), so what crosses the relay is the node's TLS records with the seam's serialized
+frames inside: the relay can drop or delay them, cannot read them, and a changed byte fails the
+record's authentication at the node or the peer.
+
+Who may ask: every call is signed with the caller's node key (identity/requests.py); a Pipe is
+accepted only from the key that owns the allocation. With `token` set (the tracker passes its
+node role's token) the caller must also hold it. Bounds, checked before anything is allocated:
+at most `max_nodes` allocations, `max_connections_per_node` open connections per allocation
+(more are closed at once), a connection the node does not pipe within `accept_seconds` is
+closed, and a Chunk is at most CHUNK_BYTES. The relay runs its own asyncio loop in a thread, so
+the tracker or a node can host it beside their synchronous gRPC servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import secrets
+import threading
+from typing import Optional
+
+import grpc
+
+from meshnet.identity import keys
+from meshnet.identity.requests import RequestAuthError, bearer_token, verify_request
+from meshnet.process import log
+from meshnet.relay.v1 import relay_pb2, relay_pb2_grpc
+
+CHUNK_BYTES = 64 * 1024
+ATTACH = "/meshnet.relay.v1.Relay/Attach"
+PIPE = "/meshnet.relay.v1.Relay/Pipe"
+PING = "/meshnet.relay.v1.Relay/Ping"
+CONNECTION_METADATA = "x-meshnet-connection"
+GRPC_OPTIONS = [("grpc.max_receive_message_length", CHUNK_BYTES + 1024),
+                ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayLimits:
+    max_nodes: int = 256  # allocations at once
+    max_connections_per_node: int = 64  # open connections to one allocation
+    accept_seconds: float = 10.0  # a connection the node has not piped by then is closed
+
+
+@dataclasses.dataclass
+class RelayStats:
+    """Counters of the relay's work (read them from any thread; written on the relay's loop)."""
+
+    attached: int = 0  # allocations now
+    connections: int = 0  # connections piped, in total
+    refused: int = 0  # connections closed at once (over the per-node cap) or never piped
+    bytes_to_nodes: int = 0
+    bytes_from_nodes: int = 0
+
+
+class _Connection:
+    """A peer's TCP connection to an allocation, waiting for (then joined to) the node's Pipe."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        loop = asyncio.get_running_loop()
+        self.claimed: asyncio.Future = loop.create_future()  # set when the node's Pipe takes it
+        self.done: asyncio.Future = loop.create_future()  # set when the Pipe ends
+
+
+class _Allocation:
+    def __init__(self, node_id: str, key: bytes, limits: RelayLimits) -> None:
+        self.node_id, self.key = node_id, key
+        self.events: asyncio.Queue = asyncio.Queue()  # Incoming events; None ends the Attach
+        self.pending: dict[int, _Connection] = {}
+        self.open: set[_Connection] = set()
+        self.server: Optional[asyncio.AbstractServer] = None
+        self.limits = limits
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.open):
+            conn.writer.close()
+        for conn in self.pending.values():
+            conn.claimed.cancel()  # its connection handler ends now, not at accept_seconds
+        self.events.put_nowait(None)
+
+
+class RelayServer(relay_pb2_grpc.RelayServicer):
+    def __init__(self, listen: str, public_host: str, *, tls: Optional[tuple[bytes, bytes]] = None, token: str = "",
+                 limits: RelayLimits = RelayLimits()) -> None:
+        """`listen`: host:port of the Relay service (port 0 picks one); allocations listen on the
+        same host. `public_host`: the host peers dial (allocations are `public_host:port`).
+        `tls`: (certificate PEM, key PEM) of the Relay service; None = plaintext (development)."""
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"relay listen address must be host:port, got {listen!r}")
+        self._listen, self._bind_host, self._public_host = listen, host.strip("[]"), public_host
+        self._tls, self._token, self.limits = tls, token, limits
+        self.stats = RelayStats()
+        self._allocations: dict[str, _Allocation] = {}
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._server: Optional[grpc.aio.Server] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stopped: Optional[asyncio.Event] = None
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        """host:port where relayed nodes attach."""
+        return f"{self._public_host}:{self.port}"
+
+    # -- lifecycle (any thread) ------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> "RelayServer":
+        """Serves in a background thread; returns once bound (raises OSError if it cannot bind)."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                asyncio.run(self._main(ready))
+            except BaseException as err:  # noqa: BLE001 (handed to start())
+                failure.append(err)
+                ready.set()
+
+        self._thread = threading.Thread(target=run, name="meshnet-relay", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout):
+            raise OSError(f"relay did not start within {timeout} s")
+        if failure:
+            raise OSError(f"relay cannot serve on {self._listen}: {failure[0]}")
+        log("relay_listening", address=self.address, tls=self._tls is not None)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stopped is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        relay_pb2_grpc.add_RelayServicer_to_server(self, self._server)
+        if self._tls is not None:
+            cert, key = self._tls
+            self.port = self._server.add_secure_port(self._listen, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            self.port = self._server.add_insecure_port(self._listen)
+        if not self.port:
+            raise OSError(f"cannot bind {self._listen}")
+        await self._server.start()
+        ready.set()
+        await self._stopped.wait()
+        for allocation in list(self._allocations.values()):
+            allocation.close()
+        await self._server.stop(grace=1)
+
+    # -- the data path (hook for the test-only tampering relay) ----------------------------
+
+    def forward_to_node(self, data: bytes) -> bytes:
+        """The bytes a peer sent, as the relay passes them on to the node: unchanged."""
+        return data
+
+    # -- RPCs (on the relay's loop) ---------------------------------------------------------
+
+    async def _caller(self, context: grpc.aio.ServicerContext, method: str, payload: bytes) -> bytes:
+        metadata = tuple(context.invocation_metadata() or ())
+        if self._token and not hmac.compare_digest(bearer_token(metadata).encode(), self._token.encode()):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this relay serves only nodes of its swarm "
+                                                                   "(the node role's token is missing or wrong)")
+        try:
+            return verify_request(metadata, method, payload)
+        except RequestAuthError as err:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
+        raise AssertionError("unreachable")  # abort raises
+
+    async def Ping(self, request, context):  # noqa: N802 (gRPC method name)
+        await self._caller(context, PING, request.SerializeToString())
+        return relay_pb2.PingReply(unix_nanos=request.unix_nanos)
+
+    async def Attach(self, request, context):  # noqa: N802 (gRPC method name)
+        key = await self._caller(context, ATTACH, request.SerializeToString())
+        node_id = keys.node_id(key)
+        if request.node_id != node_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"node {request.node_id!r} is not the id of the signing key ({node_id})")
+        previous = self._allocations.pop(node_id, None)
+        if previous is not None:  # the same key attaching again (a restarted node): the newer one wins
+            previous.close()
+        elif len(self._allocations) >= self.limits.max_nodes:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this relay holds its maximum of {self.limits.max_nodes} nodes")
+        allocation = _Allocation(node_id, key, self.limits)
+        try:
+            allocation.server = await asyncio.start_server(
+                lambda r, w: self._on_connection(allocation, r, w), self._bind_host, 0)
+        except OSError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the relay cannot open a port: {err}")
+        port = allocation.server.sockets[0].getsockname()[1]
+        self._allocations[node_id] = allocation
+        self.stats.attached = len(self._allocations)
+        address = f"{self._public_host}:{port}"
+        log("relay_attached", node=node_id, allocation=address, peer=context.peer())
+        try:
+            await context.write(relay_pb2.RelayEvent(allocation=relay_pb2.Allocation(address=address)))
+            while (event := await allocation.events.get()) is not None:
+                await context.write(event)
+        finally:
+            if self._allocations.get(node_id) is allocation:
+                del self._allocations[node_id]
+            allocation.close()
+            self.stats.attached = len(self._allocations)
+            log("relay_detached", node=node_id, allocation=address)
+
+    async def Pipe(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        metadata = dict(context.invocation_metadata() or ())
+        raw = metadata.get(CONNECTION_METADATA, "")
+        if not raw.isdigit() or len(raw) > 20:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{CONNECTION_METADATA} must name a connection")
+        key = await self._caller(context, PIPE, raw.encode())
+        allocation = self._allocations.get(keys.node_id(key))
+        conn = allocation.pending.pop(int(raw), None) if allocation is not None else None
+        if conn is None:  # not this key's, already piped, or given up on
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no connection {raw} waits for this node")
+        conn.claimed.set_result(None)
+        try:
+            await self._pump(conn, context)
+        finally:
+            conn.writer.close()
+            conn.done.set_result(None)
+
+    async def _pump(self, conn: _Connection, context) -> None:
+        async def to_node() -> None:
+            while data := await conn.reader.read(CHUNK_BYTES):
+                self.stats.bytes_to_nodes += len(data)
+                await context.write(relay_pb2.Chunk(data=self.forward_to_node(data)))
+
+        async def from_node() -> None:
+            while (chunk := await context.read()) is not grpc.aio.EOF:
+                self.stats.bytes_from_nodes += len(chunk.data)
+                conn.writer.write(chunk.data)
+                await conn.writer.drain()
+
+        tasks = {asyncio.ensure_future(to_node()), asyncio.ensure_future(from_node())}
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # a reset peer ends the pipe, quietly
+
+    async def _on_connection(self, allocation: _Allocation, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        if len(allocation.open) >= allocation.limits.max_connections_per_node:
+            self.stats.refused += 1
+            writer.close()
+            return
+        conn = _Connection(reader, writer)
+        allocation.open.add(conn)
+        connection_id = secrets.randbits(63)
+        allocation.pending[connection_id] = conn
+        peer = writer.get_extra_info("peername")
+        allocation.events.put_nowait(relay_pb2.RelayEvent(incoming=relay_pb2.Incoming(
+            connection_id=connection_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")))
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.claimed), allocation.limits.accept_seconds)
+            self.stats.connections += 1
+            await conn.done
+        except asyncio.TimeoutError:
+            self.stats.refused += 1
+        finally:
+            allocation.pending.pop(connection_id, None)
+            allocation.open.discard(conn)
+            writer.close()
