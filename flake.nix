@@ -44,6 +44,9 @@
               gcc
               nix
               python
+              iproute2  # tests/multihost: hosts as network namespaces
+              nftables  # and their NAT
+              iputils  # and per-link RTT (ping)
             ] ++ pkgs.lib.optionals pkgs.stdenv.isLinux rocm;
             # @meshnet_python uses this interpreter instead of building a venv.
             MESHNET_PYTHON = "${python}/bin/python3";

@@ -15,6 +15,10 @@ node deregisters and stops. Exit status 2 when the tracker refuses the node (the
 logged). `--insecure` serves and dials plaintext (loopback development only).
 `--metrics-listen HOST:PORT` (off by default) serves Prometheus /metrics: the worker's Health,
 read on each scrape, and the node's own counters (node/metrics.py).
+Relays (ADR 0007): `--behind-nat` registers the node's allocation on the relay `--relay-via`
+instead of its own address; without it, a tracker that cannot reach the node (UNAVAILABLE at
+registration) sends it to `--relay-via` too. `--relay HOST:PORT` also serves the relay role here
+for other nodes of the swarm.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import grpc
 
@@ -38,8 +43,11 @@ from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
+from meshnet.relay.agent import RelayAgent, RelayUnavailable
+from meshnet.relay.server import RelayServer
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints
+from meshnet.wire.status import StatusCode
 from meshnet.webserver import parse_listen
 
 
@@ -85,13 +93,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-listen", help="host:port for Prometheus /metrics (off by default; port 0 picks "
                         "one; read-only, but bind a loopback or private address)")
     parser.add_argument("--metrics-port-file", type=Path, help="write the metrics port here (before --port-file)")
+    parser.add_argument("--behind-nat", action="store_true",
+                        help="this node takes no inbound connections: peers reach it through --relay-via")
+    parser.add_argument("--relay-via", metavar="HOST:PORT",
+                        help="the relay to register through when behind NAT or unreachable by the tracker")
+    parser.add_argument("--relay-ca", type=Path, help="PEM that verifies --relay-via's TLS certificate "
+                        "(default: --tracker-ca, for a relay the tracker serves)")
+    parser.add_argument("--relay", metavar="HOST:PORT", help="also serve the relay role here (ADR 0007)")
+    parser.add_argument("--relay-public-host", help="the host peers dial for nodes relayed here (default: --relay's)")
+    parser.add_argument("--relay-tls-cert", type=Path, help="TLS certificate of the relay role (with --relay)")
+    parser.add_argument("--relay-tls-key", type=Path, help="its key")
     args = parser.parse_args(argv)
     token = tracker_token(parser, args.token_file, "MESHNET_NODE_TOKEN", "node", args.tracker_ca, args.insecure)
     if not args.gguf.is_file():
         parser.error(f"no GGUF file at {args.gguf}")
     if args.backend == "gguf" and (args.worker_binary is None or not Path(args.worker_binary).is_file()):
         parser.error("--backend gguf needs --worker-binary (or $MESHNET_WORKER_BINARY) naming cpp/worker's binary")
-    for flag, value in (("--metrics-listen", args.metrics_listen), ("--advertise", args.advertise)):
+    if args.behind_nat and not args.relay_via:
+        parser.error("--behind-nat needs --relay-via HOST:PORT (the relay that peers reach this node through)")
+    if args.relay and not args.insecure and not (args.relay_tls_cert and args.relay_tls_key):
+        parser.error("--relay needs --relay-tls-cert and --relay-tls-key (or --insecure)")
+    for flag, value in (("--metrics-listen", args.metrics_listen), ("--advertise", args.advertise),
+                        ("--relay-via", args.relay_via), ("--relay", args.relay)):
         if value:
             try:
                 parse_listen(value)
@@ -107,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     recipe = recipe_of(summary, args.backend).fingerprint()
     identity = Identity.load_or_create(args.identity)
     node_id = identity.node_id
+    relay_ca = args.relay_ca or args.tracker_ca
+    via = Via(args.relay_via, identity, token, None if args.insecure else relay_ca.read_bytes()) \
+        if args.relay_via else None
     tracker = TrackerClient(args.tracker, token, identity,
                             tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
     try:
@@ -144,18 +170,29 @@ def main(argv: list[str] | None = None) -> int:
             log("metrics", node=node_id, url=f"{http.url}/metrics")
             write_port_file(args.metrics_port_file, http.port)
         try:
-            return serve(args, tracker, backend, tt.NodeInfo(
+            relay = RelayServer(args.relay, args.relay_public_host or args.relay.rpartition(":")[0], token=token,
+                                tls=None if args.insecure else (args.relay_tls_cert.read_bytes(),
+                                                                args.relay_tls_key.read_bytes())).start() \
+                if args.relay else None
+        except OSError as err:
+            log("relay_unavailable", listen=args.relay, error=str(err))
+            backend.stop()
+            return 1
+        try:
+            return serve(args, tracker, backend, via, tt.NodeInfo(
                 node_id, backend.address, backend.kind, args.model, summary.architecture,
                 Fingerprints(artifact, recipe), range_fp, tt.LayerRange(start, end),
                 tt.Capacity(args.max_sessions, args.max_kv_tokens, 0, backend.max_session_tokens),
                 summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else ""), metrics)
         finally:
+            if relay is not None:
+                relay.stop()
             if http is not None:
                 http.stop()
             probe.close()
 
 
-def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.NodeInfo,
+def serve(args: argparse.Namespace, tracker: TrackerClient, backend, via: Optional["Via"], info: tt.NodeInfo,
           metrics: node_metrics.NodeMetrics) -> int:
     """Registers, heartbeats and supervises until a stop signal, then drains; the exit status."""
     node_id = info.node_id
@@ -166,12 +203,35 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
         return entries
 
     def node_info() -> tt.NodeInfo:
+        if via is not None and via.agent is not None:
+            return dataclasses.replace(info, address=via.agent.address, relay=via.relay, relay_rtt_ms=via.agent.rtt_ms)
         return dataclasses.replace(info, address=args.advertise or backend.address)
 
     link = TrackerLink(tracker, node_info)
+
+    def attach() -> None:  # a new allocation (the relay restarted) is registered at the next tick
+        via.attach(backend, on_address=lambda address: setattr(link, "registered", False))
+
+    if args.behind_nat and via is not None:
+        try:
+            attach()
+        except RelayUnavailable as err:
+            log("relay_unavailable", node=node_id, relay=args.relay_via, error=str(err))
+            backend.stop()
+            return 1
     try:
-        link.register()
-    except NodeRefused:
+        try:
+            link.register()
+        except NodeRefused as refused:
+            if refused.reply.status.code != StatusCode.UNAVAILABLE or via is None or via.agent is not None:
+                raise
+            log("unreachable", node=node_id, reason=refused.reply.reason, relay=via.relay)
+            attach()
+            link.register()
+    except (NodeRefused, RelayUnavailable) as err:
+        log("not_registered", node=node_id, reason=str(err))
+        if via is not None:
+            via.stop()
         backend.stop()
         return 2
     stop = stop_on_signals()  # before the port file: a launcher may signal as soon as it sees it
@@ -217,10 +277,32 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, info: tt.No
     if backend.alive():
         link.flush(take_work)
     _quietly(tracker.deregister, node_id)
+    if via is not None:
+        via.stop()
     backend.stop()
     tracker.close()
     log("stopped", node=node_id)
     return 0
+
+
+class Via:
+    """The relay a node is reached through, once it needs one (ADR 0007)."""
+
+    def __init__(self, relay: str, identity: Identity, token: str, ca: Optional[bytes]) -> None:
+        self.relay, self._identity, self._token, self._ca = relay, identity, token, ca
+        self.agent: Optional[RelayAgent] = None
+
+    def attach(self, backend, on_address: Callable[[str], None] = lambda address: None) -> str:
+        """Holds an allocation that pipes to the backend's shard service; its address."""
+        agent = RelayAgent(self.relay, self._identity, self._token, lambda: backend.address, ca=self._ca,
+                           on_address=on_address)
+        address = agent.start()
+        self.agent = agent
+        return address
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.agent.stop()
 
 
 def _active_sessions(backend) -> int:

@@ -50,8 +50,13 @@ class TrackerProcess:
     def __init__(self, workdir: Path, models: list[dict], *, lease_seconds: float = 10.0,
                  ban_seconds: float = 30.0, max_ban_seconds: float = 300.0, db: Optional[Path] = None,
                  insecure: bool = False, host: str = "127.0.0.1", ticket_seconds: float = 600.0,
-                 http: bool = False) -> None:
-        self.workdir, self.host, self.insecure = workdir, host, insecure
+                 http: bool = False, prefix: Sequence[str] = (), relay: bool = False,
+                 check_reachability: bool = False) -> None:
+        """`prefix` runs it under another command (e.g. `ip netns exec NS`); `relay`: it also
+        serves the relay role on `host` (relay_address); `check_reachability`: it sends nodes it
+        cannot reach to a relay (ADR 0007)."""
+        self.workdir, self.host, self.insecure, self.prefix = workdir, host, insecure, list(prefix)
+        self.relay, self.relay_port, self.check_reachability = relay, 0, check_reachability
         self.http = http  # serve /metrics and /status on `host` (see http_url)
         self.http_port = 0
         self.db = db or workdir / "tracker.db"
@@ -84,6 +89,13 @@ class TrackerProcess:
         return f"{self.host}:{self.port}"
 
     @property
+    def relay_address(self) -> str:
+        """Where relayed nodes attach (relay=True and started)."""
+        if not self.relay_port:
+            raise RuntimeError("the tracker serves no relay (relay=False) or has not started")
+        return f"{self.host}:{self.relay_port}"
+
+    @property
     def http_url(self) -> str:
         """Where /metrics and /status are (http=True and started)."""
         if not self.http or not self.http_port:
@@ -94,7 +106,7 @@ class TrackerProcess:
         """Starts the tracker on its port (a free one the first time)."""
         port_file = self.workdir / "tracker.port"
         port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "meshnet.tracker.main", "--listen", f"{self.host}:{self.port}", "--db", str(self.db),
+        cmd = [*self.prefix, sys.executable, "-m", "meshnet.tracker.main", "--listen", f"{self.host}:{self.port}", "--db", str(self.db),
                "--models", str(self.models_file), "--roles-file", str(self.roles_file), "--ticket-key",
                str(self.ticket_key), "--ticket-seconds", str(self.ticket_seconds),
                "--lease-seconds", str(self.lease_seconds), "--ban-seconds", str(self.ban_seconds),
@@ -105,10 +117,18 @@ class TrackerProcess:
         if self.http:
             http_port_file.unlink(missing_ok=True)
             cmd += ["--http-listen", f"{self.host}:{self.http_port}", "--http-port-file", str(http_port_file)]
+        relay_port_file = self.workdir / "tracker.relay.port"
+        if self.relay:
+            relay_port_file.unlink(missing_ok=True)
+            cmd += ["--relay", f"{self.host}:{self.relay_port}", "--relay-port-file", str(relay_port_file)]
+        if self.check_reachability:
+            cmd += ["--check-reachability"]
         self.proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         self.port = wait_for_port(self.proc, port_file, self.log, 60, "tracker")
         if self.http:  # written before the gRPC port file
             self.http_port = int(http_port_file.read_text())
+        if self.relay:  # likewise
+            self.relay_port = int(relay_port_file.read_text())
         return self
 
     def kill(self) -> None:
@@ -135,11 +155,13 @@ class NodeProcess:
     def __init__(self, workdir: Path, tracker: TrackerProcess, gguf: Path, model: str, layers: tuple[int, int],
                  name: str, *, backend: str = "reference", max_sessions: int = 16, threads: int = 1,
                  worker_binary: Optional[Path] = None, host: str = "127.0.0.1", prefix: Sequence[str] = (),
-                 max_kv_tokens: Optional[int] = None, metrics: bool = False, advertise: str = "") -> None:
+                 max_kv_tokens: Optional[int] = None, metrics: bool = False, advertise: str = "",
+                 extra_args: Sequence[str] = ()) -> None:
         """`prefix` runs the node under another command (e.g. `ip netns exec NS`); `host` is the
         address it listens on and, unless `advertise` (host:port) names another, advertises.
-        `metrics`: serve /metrics on `host` (metrics_url)."""
-        self.advertise = advertise
+        `metrics`: serve /metrics on `host` (metrics_url). `extra_args`: more node flags (e.g.
+        `--behind-nat --relay-via H:P`)."""
+        self.advertise, self.extra_args = advertise, list(extra_args)
         self.workdir, self.tracker, self.gguf, self.model = workdir, tracker, gguf, model
         self.host, self.prefix, self.max_kv_tokens = host, list(prefix), max_kv_tokens
         self.worker_binary = worker_binary
@@ -180,6 +202,7 @@ class NodeProcess:
             cmd += ["--max-kv-tokens", str(self.max_kv_tokens)]
         if self.advertise:
             cmd += ["--advertise", self.advertise]
+        cmd += self.extra_args
         self._metrics_port_file = self.workdir / f"{self.name}.metrics.port"
         if self.metrics:
             self._metrics_port_file.unlink(missing_ok=True)

@@ -5,7 +5,9 @@
 bearer tokens (never from argv, which other users can read). --ticket-key holds the Ed25519
 key that signs route tickets (created 0600 when absent). --models is a JSON list of certified
 models (see README, "Tracker"). `--http-listen HOST:PORT` (off by default) also serves the
-read-only /metrics, /status and /status.json (tracker/web.py says what they reveal). SIGTERM/SIGINT
+read-only /metrics, /status and /status.json (tracker/web.py says what they reveal); `--relay
+HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sends a node the
+tracker cannot reach to a relay. SIGTERM/SIGINT
 stop it gracefully; logs are JSON lines on stderr.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from meshnet.identity.keys import Identity
 from meshnet.process import log, stop_on_signals, write_port_file
+from meshnet.relay.server import RelayServer
 from meshnet.tracker import web
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.metrics import TrackerMetrics
@@ -64,6 +67,14 @@ def main(argv: list[str] | None = None) -> None:
                         "default; port 0 picks one; bind a loopback or private address: anyone reaching it sees "
                         "the swarm)")
     parser.add_argument("--http-port-file", type=Path, help="write the HTTP port here (before --port-file)")
+    parser.add_argument("--check-reachability", action="store_true",
+                        help="refuse (UNAVAILABLE) a node whose registered address does not accept a TCP connection "
+                        "from the tracker, so that it registers through a relay instead (ADR 0007)")
+    parser.add_argument("--relay", metavar="HOST:PORT",
+                        help="also serve the relay role here (ADR 0007; same TLS certificate as the tracker; only "
+                        "holders of the node role's token may attach); port 0 picks one")
+    parser.add_argument("--relay-public-host", help="the host peers dial for relayed nodes (default: --relay's host)")
+    parser.add_argument("--relay-port-file", type=Path, help="write the relay's port here (before --port-file)")
     args = parser.parse_args(argv)
 
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -80,20 +91,29 @@ def main(argv: list[str] | None = None) -> None:
     metrics = TrackerMetrics(registry, ledger)
     try:
         server, port = serve(registry, ledger, args.listen, roles, Identity.load_or_create(args.ticket_key), tls=tls,
-                             ticket_seconds=args.ticket_seconds, metrics=metrics)
+                             ticket_seconds=args.ticket_seconds, metrics=metrics,
+                             check_reachability=args.check_reachability)
         http = web.serve(metrics, args.http_listen) if args.http_listen else None
+        relay = None
+        if args.relay:
+            relay = RelayServer(args.relay, args.relay_public_host or args.relay.rpartition(":")[0], tls=tls,
+                                token=roles.get("node", "")).start()
     except (ValueError, OSError) as err:
         parser.error(str(err))
     log("listening", address=args.listen, port=port, db=str(args.db), models=[m.model for m in models],
         tls=tls is not None, http=http.url if http else None)
     if http is not None:
         write_port_file(args.http_port_file, http.port)
+    if relay is not None:
+        write_port_file(args.relay_port_file, relay.port)
     stop = stop_on_signals()  # before the port file: a launcher may signal as soon as it sees it
     write_port_file(args.port_file, port)
     stop.wait()
     log("stopping")
     if http is not None:
         http.stop()
+    if relay is not None:
+        relay.stop()
     server.stop(grace=5).wait()
     ledger.close()
 

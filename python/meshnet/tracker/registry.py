@@ -40,6 +40,7 @@ MAX_KV_TOKENS = 1 << 40
 MAX_EXPECTED_TOKENS = 1 << 24  # one session: prompt + new tokens
 MAX_ID_CHARS = 128
 MAX_CERTIFICATE_CHARS = 8192
+MAX_RELAY_RTT_MS = 60_000.0
 OK = Status(StatusCode.OK)
 
 
@@ -428,8 +429,10 @@ def _candidate(node: _Node, sessions: int) -> routing.Candidate:
         per_layer = 1.0 / (load.decode_tokens_per_second * served)
     cap = max(1, (info.capacity.max_sessions if info.capacity else 0) or 1)
     pressure = max(load.active_sessions, sessions) / cap + load.queue_depth / cap
-    return routing.Candidate(info.node_id, info.layers.start, info.layers.end, per_layer, routing.HOP_OVERHEAD_SECONDS,
-                             pressure, runs_suffix=info.backend == tt.BackendKind.REFERENCE)
+    # A relayed node (ADR 0007) costs its measured round trip to its relay on top of a direct hop.
+    rtt = routing.HOP_OVERHEAD_SECONDS + (info.relay_rtt_ms / 1000.0 if info.relay else 0.0)
+    return routing.Candidate(info.node_id, info.layers.start, info.layers.end, per_layer, rtt, pressure,
+                             runs_suffix=info.backend == tt.BackendKind.REFERENCE)
 
 
 def _not_self(node_id: NodeId, caller: bytes) -> Optional[Status]:
@@ -466,4 +469,8 @@ def _validate_node(info: Optional[tt.NodeInfo]) -> str:
         return f"public_key must be a {keys.PUBLIC_KEY_BYTES}-byte Ed25519 key"
     if len(info.tls_certificate) > MAX_CERTIFICATE_CHARS:
         return f"tls_certificate exceeds {MAX_CERTIFICATE_CHARS} characters"
+    if len(info.relay) > MAX_ID_CHARS:
+        return f"relay must be at most {MAX_ID_CHARS} characters"
+    if not 0.0 <= info.relay_rtt_ms <= MAX_RELAY_RTT_MS:  # also refuses NaN
+        return f"relay_rtt_ms {info.relay_rtt_ms} outside 0..{MAX_RELAY_RTT_MS:g}"
     return ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import secrets
+import socket
 import time
 from concurrent import futures
 from typing import Any, Callable, Mapping, Optional
@@ -43,6 +44,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "OpenRoute": _ROUTES, "ReportFailure": _ROUTES, "CloseRoute": _ROUTES, "RenewRoute": _ROUTES, "Coverage": _ANY,
 }
 TICKET_SECONDS = 600.0
+REACHABILITY_TIMEOUT_S = 2.0
 
 
 class _Refused(Exception):
@@ -55,7 +57,8 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
     """gRPC threads call in concurrently; the registry and ledger do their own locking."""
 
     def __init__(self, registry: Registry, ledger: Ledger, role_tokens: Mapping[str, str], ticket_key: Identity,
-                 ticket_seconds: float = TICKET_SECONDS, metrics: Optional[TrackerMetrics] = None) -> None:
+                 ticket_seconds: float = TICKET_SECONDS, metrics: Optional[TrackerMetrics] = None,
+                 check_reachability: bool = False) -> None:
         tokens = {role: token for role, token in role_tokens.items() if token}
         if not tokens:
             raise ValueError("the tracker needs at least one role token")
@@ -70,6 +73,7 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
         self._ticket_key = ticket_key
         self._ticket_ms = int(ticket_seconds * 1000)
         self._metrics = metrics or TrackerMetrics(registry, ledger)
+        self._check_reachability = check_reachability
 
     # ---- authentication ---------------------------------------------------------------------
 
@@ -118,6 +122,14 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
             if req.version is None or req.version.major != 1:
                 got = f"{req.version.major}.{req.version.minor}" if req.version else "none"
                 return tt.RegisterReply(Status(StatusCode.VERSION_MISMATCH, f"protocol {got}; tracker speaks 1.x"))
+            if self._check_reachability and req.node is not None and not req.node.relay:
+                problem = unreachable(req.node.address)
+                if problem:  # ADR 0007: the node should come back through a relay
+                    reason = (f"the tracker cannot reach {req.node.address} ({problem}); a node that takes no "
+                              "inbound connections registers through a relay (--relay-via)")
+                    log("register", node=req.node.node_id, status="UNAVAILABLE", reason=reason)
+                    return tt.RegisterReply(Status(StatusCode.UNAVAILABLE, reason, retryable=True),
+                                            tt.Admission.REFUSED, reason)
             reply = self._registry.register(req.node, caller)
             log("register", node=req.node.node_id if req.node else None, admission=reply.admission.name,
                 reason=reply.reason, status=reply.status.code.name)
@@ -219,13 +231,27 @@ def new_role_tokens() -> dict[str, str]:
     return {role: secrets.token_hex(16) for role in ROLES}
 
 
+def unreachable(address: str, timeout: float = REACHABILITY_TIMEOUT_S) -> str:
+    """'' when a TCP connection to host:port opens within `timeout`, else why not."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return ""  # malformed: the registry refuses it with the reason
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        return str(err) or type(err).__name__
+    return ""
+
+
 def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[str, str], ticket_key: Identity, *,
           tls: Optional[tuple[bytes, bytes]] = None, max_workers: int = 16, ticket_seconds: float = TICKET_SECONDS,
-          metrics: Optional[TrackerMetrics] = None) -> tuple[grpc.Server, int]:
+          metrics: Optional[TrackerMetrics] = None, check_reachability: bool = False) -> tuple[grpc.Server, int]:
     # tls: (certificate chain PEM, private key PEM), or None for plaintext (--insecure).
     # metrics: where the service counts its answers (a fresh TrackerMetrics if None).
     """Starts the tracker; returns the server and the bound port (listen may use port 0)."""
-    service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics)
+    # check_reachability: a node registering a direct address must accept a TCP connection from
+    # the tracker there (else UNAVAILABLE: it should come back through a relay).
+    service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics, check_reachability)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          maximum_concurrent_rpcs=max_workers * 8)
     tracker_pb2_grpc.add_TrackerServicer_to_server(service, server)
