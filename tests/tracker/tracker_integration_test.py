@@ -6,6 +6,8 @@ for itself, off-route and foreign failure reports, and work accepted only for is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -243,3 +245,34 @@ def test_plaintext_is_refused_by_a_tls_tracker(tracker, keys):
         with pytest.raises(grpc.RpcError) as err:
             plaintext.coverage("smol")
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_reachability_check_sends_an_unreachable_node_to_a_relay(tmp_path, keys):
+    """--check-reachability (ADR 0007): a direct address that takes no connection is refused
+    UNAVAILABLE with the reason; a reachable one and a relayed one are admitted."""
+    proc = TrackerProcess(tmp_path, [MODEL], lease_seconds=LEASE)
+    proc.check_reachability = True
+    proc.start()
+    listening = socket.create_server(("127.0.0.1", 0))
+    closed = socket.create_server(("127.0.0.1", 0))
+    closed_address = f"127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()  # nothing listens there now
+    try:
+        with proc.client("node", keys["n0"]) as n0, proc.client("node", keys["n1"]) as n1, \
+                proc.client("node", keys["n2"]) as n2:
+            unreachable = dataclasses.replace(info(keys, "n0", 0, 10), address=closed_address)
+            reply = n0.register(tt.RegisterRequest(V1, unreachable))
+            assert reply.status.code == StatusCode.UNAVAILABLE and reply.status.retryable
+            assert reply.admission == tt.Admission.REFUSED and "--relay-via" in reply.reason
+            reachable = dataclasses.replace(info(keys, "n1", 10, 20),
+                                            address=f"127.0.0.1:{listening.getsockname()[1]}")
+            assert n1.register(tt.RegisterRequest(V1, reachable)).status.ok
+            relayed = dataclasses.replace(info(keys, "n2", 20, 30), address=closed_address, relay="127.0.0.1:1",
+                                          relay_rtt_ms=0.4)
+            assert n2.register(tt.RegisterRequest(V1, relayed)).status.ok
+            registered = {n.node_id: n for n in n2.coverage("smol").nodes}
+            assert keys["n0"].node_id not in registered
+            assert registered[keys["n2"].node_id].relay == "127.0.0.1:1"
+    finally:
+        listening.close()
+        assert proc.stop() == 0

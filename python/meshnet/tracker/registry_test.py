@@ -124,11 +124,25 @@ def test_a_node_registers_renews_drains_and_leaves_only_as_itself(registry):
     ({"backend": tt.BackendKind.UNSPECIFIED}, "backend"),
     ({"public_key": b"short"}, "public_key"),
     ({"tls_certificate": "x" * 10000}, "tls_certificate"),
+    ({"relay": "x" * 500}, "relay"),
+    ({"relay": "10.0.0.1:7700", "relay_rtt_ms": -1.0}, "relay_rtt_ms"),
+    ({"relay": "10.0.0.1:7700", "relay_rtt_ms": float("nan")}, "relay_rtt_ms"),
 ])
 def test_malformed_registrations_are_invalid_argument(registry, changes, needle):
     reply = register(registry, "a", 0, 30, **changes)
     assert reply.status.code == StatusCode.INVALID_ARGUMENT and needle in reply.status.message
     assert registry.register(None, key("a").public_key).status.code == StatusCode.INVALID_ARGUMENT
+
+
+def test_a_relayed_node_is_routed_only_where_no_direct_one_is_cheaper(registry):
+    register(registry, "relayed", 0, 30, relay="10.0.0.1:7700", relay_rtt_ms=0.5, address="10.0.0.1:41000")
+    register(registry, "direct", 0, 30)
+    # equal compute and load: the relay's round trip decides
+    assert route_names(open_route(registry)) == [("direct", 0, 30)]
+    assert registry.drain(nid("direct"), key("direct").public_key).ok
+    route = open_route(registry)
+    assert route_names(route) == [("relayed", 0, 30)]
+    assert route.hops[0].node.address == "10.0.0.1:41000" and route.hops[0].node.relay == "10.0.0.1:7700"
 
 
 def test_dark_nodes_are_never_routed(registry):
