@@ -4,7 +4,8 @@ Hosts (each its own namespace, one bridge; see topology.py): `tracker` (the trac
 the relay role too), `client` (the generations run there, as a separate program), direct GGUF
 nodes `n0` [0,10), `n1` [10,20), `n2` [20,30), and nodes behind NAT (no inbound connection
 reaches them): `r1` [10,20) (not told: the tracker's reachability check sends it to the
-relay), `r2` [20,30) and `r1b` [10,20) (`--behind-nat`), and for the last test `t1` [10,20)
+relay), `r2` [20,30) and `r1b` [10,20) (`--behind-nat`; r1b through the relay that node n0
+serves, the others through the tracker's), and for the last test `t1` [10,20)
 behind a test-only relay on host `evil` that changes a byte. Each test compares greedy tokens
 with single-process llama.cpp. The measurements (per-link RTT, per-token latency direct and
 relayed, relay throughput) go to multihost.json in the test's undeclared outputs (Bazel's
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import grpc
 import pytest
@@ -80,10 +81,18 @@ def swarm(net, gguf, tmp_path_factory):
                        host=net["tracker"].ip)
     tracker = swarm.tracker
     tracker.prefix, tracker.relay, tracker.check_reachability = net["tracker"].prefix, True, True
+    # n0 serves the relay role too (a node can), with a certificate for its address; r1b uses it.
+    cert, key = certificates.self_signed("meshnet-relay", [], [net["n0"].ip])
+    n0_cert = swarm.workdir / "n0-relay.crt"
+    n0_cert.write_bytes(cert)
+    n0_key = tls.write_private(swarm.workdir / "n0-relay.key", key)
     try:
         tracker.start()
-        for name in ("n0", "n1", "n2", "r1", "r2", "r1b"):
+        launch(swarm, net, "n0", "", extra=["--relay", n0_relay(net), "--relay-tls-cert", str(n0_cert),
+                                            "--relay-tls-key", str(n0_key)], wait=True)
+        for name in ("n1", "n2", "r1", "r2"):
             launch(swarm, net, name, tracker.relay_address)
+        launch(swarm, net, "r1b", n0_relay(net), relay_ca=n0_cert)
         for node in swarm.nodes.values():
             node.wait_ready()
         yield swarm
@@ -91,9 +100,16 @@ def swarm(net, gguf, tmp_path_factory):
         swarm.stop()
 
 
+def n0_relay(net: Topology) -> str:
+    """The relay node n0 serves (a fixed port: each namespace has its own)."""
+    return f"{net['n0'].ip}:7710"
+
+
 def launch(swarm: LocalSwarm, net: Topology, name: str, relay: str, wait: bool = False,
-           relay_ca: Optional[Path] = None) -> NodeProcess:
-    extra = ["--relay-via", relay] if name in NAT else []
+           relay_ca: Optional[Path] = None, extra: Sequence[str] = ()) -> NodeProcess:
+    """Starts node `name` on its host; NAT hosts go through `relay` (r1 only once the tracker
+    finds it unreachable, the others with --behind-nat)."""
+    extra = list(extra) + (["--relay-via", relay] if name in NAT else [])
     if relay_ca is not None:
         extra += ["--relay-ca", str(relay_ca)]
     if name in NAT - {"r1"}:
@@ -146,12 +162,12 @@ def percentile(values: list[float], q: float) -> float:
 
 def test_nat_hosts_take_no_inbound_connections_and_register_through_the_relay(net, swarm):
     coverage = {n.node_id: n for n in swarm.client().coverage(swarm.model).nodes}
-    relay_host = swarm.tracker.host
     for name, node in ((n, swarm.nodes[swarm.ids[n]]) for n in ("n0", "n1", "n2", "r1", "r2", "r1b")):
         registered = coverage[node.node_id]
         if name in NAT:
+            relay = n0_relay(net) if name == "r1b" else swarm.tracker.relay_address
             assert not net.connects("client", node.address), f"{name} at {node.address} accepted a connection"
-            assert registered.relay == swarm.tracker.relay_address and registered.address.startswith(relay_host + ":")
+            assert registered.relay == relay and registered.address.startswith(relay.rsplit(":", 1)[0] + ":")
             assert registered.relay_rtt_ms > 0
             assert net.connects("client", registered.address), f"{name}'s allocation {registered.address} is closed"
         else:
@@ -203,7 +219,7 @@ def test_a_relayed_middle_and_last_hop_match_llama_cpp(net, swarm, tokenizer, ex
         assert run["event"] == "done", run
         assert run["hops"][0] == swarm.ids["n0"] and all(h in relayed for h in run["hops"][1:]), run["hops"]
         assert relayed[run["hops"][2]] == "r2"
-        assert all(a.startswith(swarm.tracker.host + ":") for a in run["addresses"][1:])
+        assert all(not a.startswith(f"{net[relayed[h]].ip}:") for h, a in zip(run["hops"][1:], run["addresses"][1:]))
         assert run["tokens"] == expected[prompt], f"relayed route diverged for {prompt!r}"
     MEASURED["relayed"] = {"route": ["n0"] + [relayed[h] for h in runs[0]["hops"][1:]], "token_gap_ms": gaps_ms(runs)}
     direct, relayed_gaps = MEASURED["direct"]["token_gap_ms"], MEASURED["relayed"]["token_gap_ms"]
