@@ -43,7 +43,8 @@ from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
-from meshnet.relay.agent import RelayAgent, RelayUnavailable
+from meshnet.relay.agent import RelayAgent
+from meshnet.relay.errors import RelayUnavailable
 from meshnet.relay.server import RelayServer
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints

@@ -21,14 +21,11 @@ import grpc
 from meshnet.identity.keys import Identity
 from meshnet.identity.requests import sign_request
 from meshnet.process import log
+from meshnet.relay.errors import RelayUnavailable
 from meshnet.relay.server import ATTACH, CHUNK_BYTES, CONNECTION_METADATA, GRPC_OPTIONS, PING, PIPE
 from meshnet.relay.v1 import relay_pb2, relay_pb2_grpc
 
 PINGS = 5
-
-
-class RelayUnavailable(Exception):
-    """The relay could not be reached, or refused the node."""
 
 
 class RelayAgent:

@@ -16,7 +16,8 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.requests import sign_request
 from meshnet.identity.tls import bind, pinned_channel
 from meshnet.protocol import diag
-from meshnet.relay.agent import RelayAgent, RelayUnavailable
+from meshnet.relay.agent import RelayAgent
+from meshnet.relay.errors import RelayUnavailable
 from meshnet.relay.server import ATTACH, PIPE, CONNECTION_METADATA, RelayLimits, RelayServer
 from meshnet.relay.v1 import relay_pb2, relay_pb2_grpc
 
