@@ -59,7 +59,10 @@ class RelayAgent:
 
     def stop(self) -> None:
         if self._loop is not None and self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
+            try:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:  # the loop already ended (a refused first attach ends it)
+                pass
         if self._thread is not None:
             self._thread.join(timeout=10)
 

@@ -140,7 +140,10 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
 
     def stop(self) -> None:
         if self._loop is not None and self._stopped is not None:
-            self._loop.call_soon_threadsafe(self._stopped.set)
+            try:
+                self._loop.call_soon_threadsafe(self._stopped.set)
+            except RuntimeError:  # stopped already
+                pass
         if self._thread is not None:
             self._thread.join(timeout=10)
 
