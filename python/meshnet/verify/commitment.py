@@ -1,0 +1,100 @@
+"""Commitments to what a hop computed, and their check against an audit's replay (issue 17).
+
+A hop commits, per position, to the hidden state it hands on: the indices of its K largest
+magnitudes and those K values rounded to float16 (TOPLOC's idea, without its polynomial
+packing: 4 bytes per kept value, K * 4 bytes per position). The last hop commits to the token it
+sampled and that token's logit. An audit recomputes the same positions (teacher-forced, another
+batch shape, another replica) and checks each commitment against its own row:
+
+- hidden: `value_error` is the largest relative difference between a committed value and the
+  replay's value at that index (relative to the larger of |replay value| and the row's RMS, so
+  an index where the replay is near zero cannot blow it up), and `overlap` is how many of the
+  committed indices are among the replay's top 2K magnitudes (near-ties may swap ranks, not
+  leave the head of the distribution).
+- token: `logit_error` (committed logit vs the replay's logit of that token) and `logit_gap`
+  (how far that token's replay logit is below the replay's best: 0 for its argmax; honest runs
+  differ only on near-ties).
+
+A position passes when each figure is within a `Tolerance`. Tolerances are calibrated from
+honest divergence only (meshnet.verify.calibrate), never from a cheat's numbers. numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+K = 8  # values kept per position
+
+
+@dataclasses.dataclass(frozen=True)
+class HiddenCommitment:
+    indices: np.ndarray  # uint16 [positions, K]
+    values: np.ndarray  # float16 [positions, K]
+
+    @property
+    def bytes_per_position(self) -> int:
+        return self.indices.shape[1] * (self.indices.itemsize + self.values.itemsize)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCommitment:
+    tokens: np.ndarray  # int32 [positions]
+    logits: np.ndarray  # float16 [positions]: each token's logit
+
+    bytes_per_position: int = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    max_value_error: float  # hidden: largest relative value difference allowed
+    min_overlap: int  # hidden: committed indices that must be in the replay's top 2K
+    max_logit_error: float  # token: |committed logit - replay logit| allowed
+    max_logit_gap: float  # token: replay best logit - replay logit of the token allowed
+
+
+def commit_hidden(rows: np.ndarray, k: int = K) -> HiddenCommitment:
+    """rows: float32 [positions, n_embd]."""
+    if rows.ndim != 2 or rows.shape[1] > np.iinfo(np.uint16).max + 1:
+        raise ValueError(f"rows must be [positions, n_embd <= 65536], got {rows.shape}")
+    indices = np.argpartition(-np.abs(rows), k - 1, axis=1)[:, :k]
+    return HiddenCommitment(indices.astype(np.uint16), np.take_along_axis(rows, indices, axis=1).astype(np.float16))
+
+
+def commit_tokens(tokens: np.ndarray, logits: np.ndarray) -> TokenCommitment:
+    """tokens: the sampled token per position; logits: float32 [positions, n_vocab]."""
+    tokens = np.asarray(tokens, dtype=np.int32)
+    return TokenCommitment(tokens, logits[np.arange(len(tokens)), tokens].astype(np.float16))
+
+
+def hidden_mismatch(commitment: HiddenCommitment, replay: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(value_error float [positions], overlap int [positions]) of `commitment` against the
+    replay's rows (float32 [positions, n_embd])."""
+    indices = commitment.indices.astype(np.int64)
+    k = indices.shape[1]
+    at = np.take_along_axis(replay, indices, axis=1)
+    rms = np.sqrt(np.mean(np.square(replay, dtype=np.float64), axis=1, keepdims=True))
+    scale = np.maximum(np.abs(at), rms)
+    value_error = np.max(np.abs(commitment.values.astype(np.float64) - at) / np.maximum(scale, 1e-30), axis=1)
+    head = np.argpartition(-np.abs(replay), 2 * k - 1, axis=1)[:, :2 * k]
+    overlap = np.array([np.isin(c, h).sum() for c, h in zip(indices, head)], dtype=np.int64)
+    return value_error, overlap
+
+
+def token_mismatch(commitment: TokenCommitment, replay_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(logit_error, logit_gap), float [positions], of `commitment` against the replay's logits."""
+    rows = np.arange(len(commitment.tokens))
+    at = replay_logits[rows, commitment.tokens].astype(np.float64)
+    return np.abs(commitment.logits.astype(np.float64) - at), replay_logits.max(axis=1) - at
+
+
+def hidden_passes(commitment: HiddenCommitment, replay: np.ndarray, tol: Tolerance) -> np.ndarray:
+    """bool [positions]: which committed positions the replay confirms."""
+    value_error, overlap = hidden_mismatch(commitment, replay)
+    return (value_error <= tol.max_value_error) & (overlap >= tol.min_overlap)
+
+
+def tokens_pass(commitment: TokenCommitment, replay_logits: np.ndarray, tol: Tolerance) -> np.ndarray:
+    logit_error, logit_gap = token_mismatch(commitment, replay_logits)
+    return (logit_error <= tol.max_logit_error) & (logit_gap <= tol.max_logit_gap)
