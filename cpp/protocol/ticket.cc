@@ -42,6 +42,24 @@ bool VerifyEd25519(std::string_view public_key, std::string_view context,
                           signed_bytes.size()) == 1;
 }
 
+std::string SignEd25519(std::string_view seed, std::string_view context, std::string_view message) {
+  if (seed.size() != kKeyBytes) return "";
+  std::unique_ptr<EVP_PKEY, PkeyFree> key(EVP_PKEY_new_raw_private_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(seed.data()), seed.size()));
+  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
+  if (key == nullptr || ctx == nullptr) return "";
+  if (EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, key.get()) != 1) return "";
+  const std::string input = std::string(context) + std::string(message);
+  std::string signature(kSignatureBytes, '\0');
+  size_t size = signature.size();
+  if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(signature.data()), &size,
+                     reinterpret_cast<const unsigned char*>(input.data()), input.size()) != 1) {
+    return "";
+  }
+  signature.resize(size);
+  return signature;
+}
+
 Status VerifyTicket(const RouteTicket& ticket, const PublicKey& tracker_key, Ticket* out) {
   std::string_view key(reinterpret_cast<const char*>(tracker_key.data()), tracker_key.size());
   if (!VerifyEd25519(key, kTicketContext, ticket.body, ticket.signature)) {

@@ -24,6 +24,10 @@ using PublicKey = std::array<uint8_t, 32>;  // a raw Ed25519 public key
 // Domain separation prefixes, NUL included (the signed message is prefix || payload).
 inline constexpr std::string_view kTicketContext{"meshnet-ticket-v1\0", 18};
 inline constexpr std::string_view kResultsContext{"meshnet-results-v1\0", 19};
+// Issue 17 (docs/adr/0008-verified-outputs.md): the tracker's audit tickets and a node's
+// signed commitments.
+inline constexpr std::string_view kAuditContext{"meshnet-audit-v1\0", 17};
+inline constexpr std::string_view kCommitmentsContext{"meshnet-commitments-v1\0", 23};
 
 // The native form of meshnet.shard.v1.TicketBody: the tracker's permission for one hop of one
 // route session at one epoch.
@@ -54,6 +58,10 @@ Status VerifyResultsSignature(std::string_view client_public_key,
 // True when `signature` is Ed25519 by `public_key` (32 raw bytes) over context || message.
 bool VerifyEd25519(std::string_view public_key, std::string_view context,
                    std::string_view message, std::string_view signature);
+
+// Ed25519 signature by the private key `seed` (32 raw bytes) over context || message; "" when
+// the seed is not 32 bytes or OpenSSL fails.
+std::string SignEd25519(std::string_view seed, std::string_view context, std::string_view message);
 
 // The serialized TicketBody of `ticket` (deterministic): what a tracker signs. Used by tests
 // and tools; receivers never re-encode.

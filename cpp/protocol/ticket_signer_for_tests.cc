@@ -48,18 +48,18 @@ std::string FakeSigner::public_key_bytes() const {
 }
 
 std::string FakeSigner::Sign(std::string_view context, std::string_view message) const {
-  std::string input = std::string(context) + std::string(message);
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  std::string signature(64, '\0');
-  size_t size = signature.size();
-  if (ctx == nullptr || EVP_DigestSignInit(ctx, nullptr, nullptr, nullptr, key_->pkey) != 1 ||
-      EVP_DigestSign(ctx, reinterpret_cast<unsigned char*>(signature.data()), &size,
-                     reinterpret_cast<const unsigned char*>(input.data()), input.size()) != 1) {
-    Die("Ed25519 sign");
-  }
-  EVP_MD_CTX_free(ctx);
-  signature.resize(size);
+  std::string signature = SignEd25519(seed(), context, message);
+  if (signature.empty()) Die("Ed25519 sign");
   return signature;
+}
+
+std::string FakeSigner::seed() const {
+  std::string seed(32, '\0');
+  size_t size = seed.size();
+  if (EVP_PKEY_get_raw_private_key(key_->pkey, reinterpret_cast<unsigned char*>(seed.data()), &size) != 1) {
+    Die("EVP_PKEY_get_raw_private_key");
+  }
+  return seed;
 }
 
 RouteTicket FakeSigner::SignTicket(const Ticket& ticket) const {

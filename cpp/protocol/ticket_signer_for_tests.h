@@ -25,6 +25,7 @@ class FakeSigner {
   std::string public_key_bytes() const;  // the 32 raw bytes
   // Ed25519 over context || message.
   std::string Sign(std::string_view context, std::string_view message) const;
+  std::string seed() const;  // the raw private key (32 bytes), as a node hands its worker
   // As the tracker: a RouteTicket over EncodeTicketBody(ticket).
   RouteTicket SignTicket(const Ticket& ticket) const;
   // As the client: the ResultsRequest.client_signature for `ticket`.

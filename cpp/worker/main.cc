@@ -7,7 +7,7 @@
 //   [--max_prefill_chunk=N] [--queue=N] [--batch_window_us=US] [--idle_seconds=S] [--unified_kv=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
-//   [--parent_pid=PID]
+//   [--parent_pid=PID] [--cheat=noise:F|garbage|forge_tokens]   (--cheat: tests only)
 // Route tickets are verified with the tracker's key (docs/adr/0003-identities-and-route-
 // tickets.md); the shard service is served over TLS with the given certificate, or plaintext
 // only with --insecure=1 (which also dials downstream hops in plaintext). Exits 2 on a missing
@@ -17,6 +17,10 @@
 // so the sessions of a peer that vanished (host down, link cut, process stopped) are freed.
 // With --parent_pid (the node's pid) the kernel kills the worker when its node dies
 // (PR_SET_PDEATHSIG), and it exits at once if that parent is already gone: no orphan workers.
+// $MESHNET_NODE_KEY (64 hex digits: the node's Ed25519 private key) signs the commitments that
+// audits read (docs/adr/0008-verified-outputs.md). --cheat makes a cheating worker for tests of
+// those audits: it perturbs (noise:F of each row's RMS) or replaces (garbage) the hidden rows it
+// hands on, or forges the tokens it samples (forge_tokens), and commits to what it sends.
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 #include <sys/prctl.h>
@@ -155,6 +159,33 @@ int main(int argc, char** argv) {
   if (const char* token = std::getenv("MESHNET_SUPERVISOR_TOKEN")) {
     service_options.supervisor_token = token;
     unsetenv("MESHNET_SUPERVISOR_TOKEN");
+  }
+  // The node's identity key signs commitments for audits (ADR 0008); like the token, never argv.
+  if (const char* hex = std::getenv("MESHNET_NODE_KEY")) {
+    meshnet::protocol::PublicKey seed{};  // 32 raw bytes, parsed like a key
+    if (!meshnet::protocol::ParsePublicKeyHex(hex, &seed)) {
+      std::cerr << "worker: $MESHNET_NODE_KEY must be 64 hex digits\n";
+      return 2;
+    }
+    service_options.node_key.assign(reinterpret_cast<const char*>(seed.data()), seed.size());
+    unsetenv("MESHNET_NODE_KEY");
+  }
+  // Test only: a cheating worker (issue 17), which audits must catch.
+  if (flags.count("cheat")) {
+    using Mode = meshnet::worker::ServiceOptions::Cheat::Mode;
+    const std::string cheat = flags["cheat"];
+    if (cheat == "garbage") {
+      service_options.cheat.mode = Mode::kGarbage;
+    } else if (cheat == "forge_tokens") {
+      service_options.cheat.mode = Mode::kForgeTokens;
+    } else if (cheat.rfind("noise:", 0) == 0 && std::atof(cheat.c_str() + 6) > 0) {
+      service_options.cheat.mode = Mode::kNoise;
+      service_options.cheat.noise = static_cast<float>(std::atof(cheat.c_str() + 6));
+    } else {
+      std::cerr << "worker: --cheat must be noise:FRACTION, garbage or forge_tokens\n";
+      return 2;
+    }
+    std::cerr << "worker: TEST ONLY: this worker cheats (" << cheat << ")\n";
   }
   service_options.insecure = insecure;
   service_options.sessions.max_sessions = max_sessions;

@@ -54,7 +54,8 @@ ShardService::ShardService(Scheduler* scheduler, const ServiceOptions& options)
       table_(options.sessions),
       results_(options.max_results_queues > 0 ? options.max_results_queues
                                               : 2 * options.sessions.max_sessions,
-               options.results_grace) {
+               options.results_grace),
+      commitments_(options.commitments) {
   reaper_ = std::thread([this] { Reap(); });
 }
 
@@ -390,6 +391,12 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key, Ses
     if (!complete) return std::nullopt;  // more fragments of this step
   }
   if (frame.sampling.has_value()) live.sampler = std::make_unique<engine::Sampler>(*frame.sampling);
+  if (scheduler_->first()) {  // what this hop was given, for audits (ADR 0008)
+    commitments_.InputTokens(key, static_cast<uint32_t>(start), item.tokens);
+  } else {
+    commitments_.Rows(key, static_cast<uint32_t>(start), item.hidden.data(), static_cast<uint32_t>(count),
+                      scheduler_->n_embd(), /*input=*/true);
+  }
 
   const StepDeadline deadline(received, frame.budget_ms, options_.max_step);
   const Status late = deadline.Exceeded(frame.step, options_.node_id);
@@ -411,13 +418,17 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key, Ses
   Status ringed = OkStatus();
   if (scheduler_->last()) {
     // The ring goes on before the tokens are described (logprobs) and published.
-    const Sampled sampled = Accept(live, frame, outcome.second);
+    Sampled sampled = Accept(live, frame, outcome.second);
+    CommitSampled(key, live, outcome.second, &sampled);
     if (frame.ring && sampled.finish == FinishReason::kUnspecified) {
       const Sampled::Token& next = sampled.tokens.back();
       ringed = Ring(live, frame, next.id, next.position, deadline);
     }
     Publish(live, frame, outcome.second, sampled);
   } else {
+    CheatOnRows(&outcome.second, start);  // test-only cheats; nothing in a real deployment
+    commitments_.Rows(key, static_cast<uint32_t>(start), outcome.second.data(), static_cast<uint32_t>(count),
+                      scheduler_->n_embd(), /*input=*/false);
     Status forwarded = Forward(live, frame, outcome.second, deadline);
     if (!forwarded.ok()) {  // the step did not happen: take its rows back out of the KV
       scheduler_->Truncate(info.seq, static_cast<int32_t>(start), info.owner);

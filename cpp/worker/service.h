@@ -1,4 +1,5 @@
-// The worker's gRPC service meshnet.shard.v1.Shard (Hello, Health, TakeWork, Seam, Results),
+// The worker's gRPC service meshnet.shard.v1.Shard (Hello, Health, TakeWork, Seam, Results,
+// Commitments),
 // with the semantics of the Python reference shard (python/meshnet/reference/server.py).
 //
 // One Seam stream per upstream peer and route session: the handler's reader loop (a gRPC
@@ -21,7 +22,9 @@
 // ring stream: one per session, bound by the first hop's own ticket) through HandleRing, which
 // never opens a session; everything after admission is the same Step as a client's frame.
 // The ring and speculation are in ring.cc; the handlers and the step in service.cc; the state
-// of a Seam call and of a live session, which both use, in service_state.h.
+// of a Seam call and of a live session, which both use, in service_state.h. Every step records
+// what it received and handed on in the commitment log (cpp/worker/commitments/), which the
+// Commitments RPC serves to audits (audit.cc, docs/adr/0008-verified-outputs.md).
 //
 // Protobuf types stop here (and in downstream.cc): below, only cpp/protocol's native structs.
 // Threading: the gRPC methods run on gRPC threads; the service owns a reaper thread (idle
@@ -44,6 +47,7 @@
 #include "cpp/protocol/seam.h"
 #include "cpp/protocol/ticket.h"
 #include "cpp/worker/scheduler/deadline.h"
+#include "cpp/worker/commitments/commitment_log.h"
 #include "cpp/worker/hop.h"
 #include "cpp/worker/sessions/results.h"
 #include "cpp/worker/scheduler/scheduler.h"
@@ -78,10 +82,21 @@ struct ServiceOptions {
   // TakeWork answers only calls whose "x-meshnet-supervisor" metadata equals this token (the
   // node's, from $MESHNET_SUPERVISOR_TOKEN); empty refuses every caller.
   std::string supervisor_token;
+  // The node's identity private key (32 raw bytes, from $MESHNET_NODE_KEY): signs Commitments
+  // replies. Empty: Commitments answers UNAVAILABLE.
+  std::string node_key;
+  CommitmentOptions commitments;
+  // Test only (issue 17's cheating worker, --cheat=...): what this hop does to its output and
+  // commits to, so that audits can be shown to catch it. kNone in every real deployment.
+  struct Cheat {
+    enum class Mode { kNone, kNoise, kGarbage, kForgeTokens } mode = Mode::kNone;
+    float noise = 0.0f;  // kNoise: Gaussian noise of this fraction of each row's RMS
+  } cheat;
 };
 
 inline constexpr char kSupervisorMetadata[] = "x-meshnet-supervisor";
 inline constexpr size_t kMaxDraftTokens = 16;  // drafted tokens per speculative ring step
+inline constexpr uint32_t kMaxAuditPositions = 4096;  // positions one Commitments call returns
 
 class ShardService final : public meshnet::shard::v1::Shard::Service {
  public:
@@ -104,6 +119,14 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   grpc::Status TakeWork(grpc::ServerContext* context,
                         const meshnet::shard::v1::TakeWorkRequest* request,
                         meshnet::shard::v1::TakeWorkReply* reply) override;
+  // What this hop committed to for positions of a session, for an audit the tracker signed
+  // (UNAUTHENTICATED: the audit ticket does not verify; PERMISSION_DENIED: it names another node
+  // or has expired; INVALID_ARGUMENT: count outside 1..kMaxAuditPositions; NOT_FOUND: no
+  // commitments held for the session; UNAVAILABLE: no node key). The body is signed with the
+  // node's key (audit.cc).
+  grpc::Status Commitments(grpc::ServerContext* context,
+                           const meshnet::shard::v1::CommitmentsRequest* request,
+                           meshnet::shard::v1::CommitmentsReply* reply) override;
 
   // Any thread.
   int active_sessions() const { return table_.active(); }
@@ -164,12 +187,19 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   protocol::SeamReply Reply(const protocol::SeamFrame& frame, protocol::Status status,
                             std::optional<uint64_t> cache = std::nullopt) const;
   void Reap();
+  // Test-only cheats (ServiceOptions::Cheat) on a step's output rows, before they are committed
+  // and handed on (audit.cc).
+  void CheatOnRows(std::vector<float>* rows, uint64_t start);
+  // Last hop: commits to each sampled token and its logit (after the forging cheat, if set).
+  void CommitSampled(const SessionKey& key, const Live& live, const std::vector<float>& logits,
+                     Sampled* sampled);
 
   Scheduler* const scheduler_;
   const ServiceOptions options_;
   const HopIdentity identity_;
   SessionTable table_;
   ResultsBoard results_;
+  CommitmentLog commitments_;
   std::atomic<uint64_t> seam_frames_in_{0};  // Health counters
   std::atomic<uint64_t> seam_bytes_in_{0};
   std::atomic<uint64_t> drafted_tokens_{0};

@@ -93,6 +93,12 @@ class Identity:
         return identity
 
     @property
+    def seed(self) -> bytes:
+        """The private key (32 bytes): a node hands it to its own worker (through the
+        environment) to sign commitments; never logged, never sent."""
+        return bytes(self._key)
+
+    @property
     def node_id(self) -> NodeId:
         return node_id(self.public_key)
 

@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relay-public-host", help="the host peers dial for nodes relayed here (default: --relay's)")
     parser.add_argument("--relay-tls-cert", type=Path, help="TLS certificate of the relay role (with --relay)")
     parser.add_argument("--relay-tls-key", type=Path, help="its key")
+    parser.add_argument("--cheat", help="TESTS ONLY: a cheating worker (noise:F, garbage, forge_tokens) that audits "
+                        "must catch (ADR 0008)")
+    parser.add_argument("--cheat-serve-gguf", type=Path, help="TESTS ONLY: the worker loads this GGUF (e.g. a cheaper "
+                        "quantization) while the node registers --gguf's fingerprints")
     args = parser.parse_args(argv)
     token = tracker_token(parser, args.token_file, "MESHNET_NODE_TOKEN", "node", args.tracker_ca, args.insecure)
     if not args.gguf.is_file():
@@ -146,11 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         cert_pem, key_pem = (None, None) if args.insecure else tls.write_node_certificate(cert_path, key_path)
         backend: Backend  # the node drives either through the one interface
         if args.backend == "gguf":
-            backend = GgufBackend(Path(args.worker_binary), args.gguf, (start, end), args.listen, node_id,
+            served = args.cheat_serve_gguf or args.gguf  # tests only: another file than the one certified
+            backend = GgufBackend(Path(args.worker_binary), served, (start, end), args.listen, node_id,
                                   threads=args.threads, max_sessions=args.max_sessions,
                                   max_kv_tokens=args.max_kv_tokens, tracker_key=tracker_key,
                                   tls=(cert_path, key_path) if cert_pem else None,
-                                  log=args.port_file.with_suffix(".worker.log") if args.port_file else None)
+                                  log=args.port_file.with_suffix(".worker.log") if args.port_file else None,
+                                  node_key=identity.seed, cheat=args.cheat or "")
         else:
             import torch  # only the reference backend computes in this process
 

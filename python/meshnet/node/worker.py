@@ -40,6 +40,7 @@ MAX_BATCH_TOKENS = 256  # the worker's --max_batch_tokens (rows per engine decod
 # the last few batches before it decodes without it (cpp/worker/scheduler/scheduler.h; a lone session
 # never waits). The bench's c=8 cells report what it costs and gains.
 BATCH_WINDOW_US = 2000
+NODE_KEY_ENV = "MESHNET_NODE_KEY"  # the worker signs commitments with it (cpp/worker/main.cc)
 
 
 def take_work(channel: grpc.Channel, supervisor_token: str) -> tuple[tt.WorkEntry, ...]:
@@ -61,8 +62,11 @@ def server_threads(max_sessions: int) -> int:
 class WorkerProcess:
     def __init__(self, binary: Path, gguf: Path, layers: tuple[int, int], host: str, node_id: str, *,
                  threads: int, max_sessions: int, n_ctx: int, tracker_key: bytes,
-                 tls: Optional[tuple[Path, Path]], log: Optional[Path] = None) -> None:
-        """`tls`: (certificate PEM path, key PEM path), or None to serve plaintext (--insecure)."""
+                 tls: Optional[tuple[Path, Path]], log: Optional[Path] = None, node_key: bytes = b"",
+                 cheat: str = "") -> None:
+        """`tls`: (certificate PEM path, key PEM path), or None to serve plaintext (--insecure).
+        `node_key`: the node's identity seed, with which the worker signs its commitments (ADR
+        0008; through the environment, never argv). `cheat`: tests only (the worker's --cheat)."""
         if not binary.is_file():
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
@@ -72,6 +76,8 @@ class WorkerProcess:
                      f"--max_concurrent_streams={server_threads(max_sessions)}",
                      f"--node_id={node_id}", f"--tracker_key={tracker_key.hex()}"]
         self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]
+        self._cmd += [f"--cheat={cheat}"] if cheat else []
+        self._node_key = node_key
         self._cert = tls[0].read_bytes() if tls else None
         self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this process
         self._host = host
@@ -89,6 +95,8 @@ class WorkerProcess:
     def start(self, timeout: float = 120.0) -> "WorkerProcess":
         stderr = open(self._log, "ab") if self._log else subprocess.DEVNULL
         env = dict(os.environ, **{SUPERVISOR_ENV: self._supervisor_token})
+        if self._node_key:
+            env[NODE_KEY_ENV] = self._node_key.hex()
         self.proc = subprocess.Popen(self._cmd + [f"--parent_pid={os.getpid()}"], stdout=subprocess.PIPE,
                                      stderr=stderr, text=True, env=env)
         port = listening_port(self.proc, timeout)

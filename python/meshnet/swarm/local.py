@@ -278,11 +278,12 @@ class LocalSwarm:
         return self
 
     def add_node(self, name: str, layers: tuple[int, int], wait: bool = True, host: str = "127.0.0.1",
-                 prefix: Sequence[str] = (), advertise: str = "", gguf: Optional[Path] = None) -> NodeProcess:
+                 prefix: Sequence[str] = (), advertise: str = "", gguf: Optional[Path] = None,
+                 extra_args: Sequence[str] = ()) -> NodeProcess:
         node = NodeProcess(self.workdir, self.tracker, gguf or self.gguf, self.model, layers, name, backend=self.backend,
                            max_sessions=self.max_sessions, threads=self.threads, worker_binary=self.worker_binary,
                            host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens,
-                           metrics=self.node_metrics, advertise=advertise).launch()
+                           metrics=self.node_metrics, advertise=advertise, extra_args=extra_args).launch()
         self.nodes[node.node_id] = node
         self.ids[name] = node.node_id
         return node.wait_ready() if wait else node

@@ -22,6 +22,8 @@ honest divergence only (meshnet.verify.calibrate), never from a cheat's numbers.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -52,6 +54,11 @@ class Tolerance:
     min_overlap: int  # hidden: committed indices that must be in the replay's top 2K
     max_logit_error: float  # token: |committed logit - replay logit| allowed
     max_logit_gap: float  # token: replay best logit - replay logit of the token allowed
+
+
+def tolerance_from_calibration(path) -> Tolerance:
+    """The tolerance a calibration run set (meshnet.verify.calibrate's calibration.json)."""
+    return Tolerance(**json.loads(Path(path).read_text())["tolerance"])
 
 
 def commit_hidden(rows: np.ndarray, k: int = K) -> HiddenCommitment:

@@ -1,0 +1,169 @@
+"""Audits of live sessions (docs/adr/0008-verified-outputs.md): fetch what each hop of a route
+committed to, replay the session, and name the first hop whose commitments the replay refutes.
+
+`audit_ticket` is the tracker's permission to read one hop's commitments (Ed25519 by the ticket
+key over "meshnet-audit-v1\\0" || AuditBody). `fetch` reads a hop's commitments over its pinned
+TLS channel and checks the node's signature against its registered key before anything in them
+is used. `Replayer` recomputes a session as a trusted verifier node would: the whole certified
+model, the route's ranges, one teacher-forced prefill (//cpp/engine:dump_boundaries). `judge`
+compares, at `positions` sampled positions per hop, each hop's output with the replay and each
+hop's input with what its upstream committed to sending, and blames the first hop (in route
+order) that is refuted: downstream hops of a cheat are refuted too, as a consequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from meshnet.identity.keys import Identity, verify
+from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
+from meshnet.verify import commitment as cm
+
+AUDIT_DOMAIN = b"meshnet-audit-v1\0"
+COMMITMENTS_DOMAIN = b"meshnet-commitments-v1\0"
+MAX_POSITIONS = 4096  # the worker's kMaxAuditPositions
+
+
+class AuditError(Exception):
+    """The audit could not be carried out (a hop did not answer, or answered unsigned)."""
+
+
+def audit_ticket(tracker: Identity, session_id: str, epoch: int, node_id: str,
+                 seconds: float = 600.0) -> shard_pb2.AuditTicket:
+    body = shard_pb2.AuditBody(session_id=session_id, epoch=epoch, node_id=node_id,
+                               expires_unix_ms=int((time.time() + seconds) * 1000)).SerializeToString()
+    return shard_pb2.AuditTicket(body=body, signature=tracker.sign(AUDIT_DOMAIN + body))
+
+
+@dataclasses.dataclass(frozen=True)
+class HopCommitments:
+    node_id: str
+    layers: tuple[int, int]
+    positions: int
+    input_tokens: Optional[np.ndarray]  # first hop
+    received: Optional[cm.HiddenCommitment]  # other hops
+    sent: Optional[cm.HiddenCommitment]  # non-last hops
+    sampled: Optional[cm.TokenCommitment]  # last hop (token -1: none sampled there)
+    temperature: float
+    signed_bytes: int  # the signed body's size: what the commitments cost on the wire
+
+
+def _hidden(body: shard_pb2.CommitmentsBody, indices: bytes, values: bytes) -> Optional[cm.HiddenCommitment]:
+    if not indices:
+        return None
+    return cm.HiddenCommitment(np.frombuffer(indices, dtype="<u2").reshape(body.count, body.k),
+                               np.frombuffer(values, dtype="<f2").reshape(body.count, body.k))
+
+
+def fetch(channel, ticket: shard_pb2.AuditTicket, node_public_key: bytes, start: int = 0,
+          count: int = MAX_POSITIONS, timeout: float = 10.0) -> HopCommitments:
+    """The hop's commitments for the ticket's session; AuditError unless signed by the node."""
+    reply = shard_pb2_grpc.ShardStub(channel).Commitments(
+        shard_pb2.CommitmentsRequest(ticket=ticket, start=start, count=count), timeout=timeout)
+    if not verify(node_public_key, reply.signature, COMMITMENTS_DOMAIN + reply.body):
+        raise AuditError("the hop's commitments are not signed by its registered key")
+    body = shard_pb2.CommitmentsBody.FromString(reply.body)
+    expected = shard_pb2.AuditBody.FromString(ticket.body)
+    if (body.session_id, body.epoch, body.node_id) != (expected.session_id, expected.epoch, expected.node_id):
+        raise AuditError(f"the hop answered for {body.session_id}@{body.epoch} on {body.node_id}, not the audit's")
+    sampled = None
+    if body.sampled_tokens:
+        sampled = cm.TokenCommitment(np.frombuffer(body.sampled_tokens, dtype="<i4").copy(),
+                                     np.frombuffer(body.sampled_logits, dtype="<f2").copy())
+    return HopCommitments(body.node_id, (body.layer_start, body.layer_end), body.count,
+                          np.frombuffer(body.input_tokens, dtype="<i4").copy() if body.input_tokens else None,
+                          _hidden(body, body.input_indices, body.input_values),
+                          _hidden(body, body.output_indices, body.output_values), sampled, body.temperature,
+                          len(reply.body))
+
+
+class Replayer:
+    """Replays sessions on the whole certified model, as a trusted verifier node."""
+
+    def __init__(self, dump_boundaries: Path, gguf: Path, threads: int = 2) -> None:
+        self._binary, self._gguf, self._threads = dump_boundaries, gguf, threads
+
+    def replay(self, tokens: Sequence[int], layers: Sequence[tuple[int, int]]) -> dict:
+        """{"rows": [boundary rows after each non-last range], "logits": [positions, n_vocab]}."""
+        n = len(tokens)
+        chain = ",".join(f"{a}:{b}" for a, b in layers)
+        with tempfile.TemporaryDirectory(prefix="meshnet-replay-") as tmp:
+            prefix = Path(tmp) / "replay"
+            proc = subprocess.run([str(self._binary), str(self._gguf), str(prefix), chain, str(n), str(self._threads),
+                                   *map(str, tokens)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise AuditError(f"replay failed: {proc.stderr.strip()[-300:]}")
+            rows = [np.fromfile(f"{prefix}.{i}.f32", dtype=np.float32).reshape(n, -1) for i in range(len(layers) - 1)]
+            logits = np.fromfile(f"{prefix}.logits.f32", dtype=np.float32).reshape(n, -1)
+        return {"rows": rows, "logits": logits}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    node_id: str
+    check: str  # "output", "input" (what it received vs what its upstream committed), "token"
+    positions: tuple[int, ...]  # the positions refuted
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    culprit: str  # "" when passed
+    checked_positions: int  # over all hops
+    findings: tuple[Finding, ...]
+
+
+def session_tokens(hops: Sequence[HopCommitments]) -> list[int]:
+    """The session's tokens as its first hop was fed them (the last hop's last sampled token
+    is checked against the logits of the position before it, so it needs no position of its own)."""
+    first = hops[0]
+    if first.input_tokens is None:
+        raise AuditError(f"the first hop {first.node_id} committed to no input tokens")
+    return [int(t) for t in first.input_tokens[:first.positions]]
+
+
+def judge(hops: Sequence[HopCommitments], replay: dict, tol: cm.Tolerance, positions: int,
+          rng: np.random.Generator) -> Verdict:
+    """Checks `positions` random positions per hop; blames the first refuted hop in route order."""
+    n = min(h.positions for h in hops)
+    findings: list[Finding] = []
+    checked = 0
+    for i, hop in enumerate(hops):
+        pick = np.sort(rng.choice(n, size=min(positions, n), replace=False))
+        if hop.sent is not None:
+            sent = cm.HiddenCommitment(hop.sent.indices[pick], hop.sent.values[pick])
+            bad = pick[~cm.hidden_passes(sent, replay["rows"][i][pick], tol)]
+            checked += len(pick)
+            if len(bad):
+                findings.append(Finding(hop.node_id, "output", tuple(map(int, bad)),
+                                        f"{len(bad)} of {len(pick)} positions differ from the replay"))
+        if hop.received is not None and hops[i - 1].sent is not None:
+            upstream = hops[i - 1].sent
+            same = np.all(hop.received.indices[pick] == upstream.indices[pick], axis=1) & np.all(
+                hop.received.values[pick] == upstream.values[pick], axis=1)
+            if not same.all():  # the upstream sent other rows than it committed to (or this hop lies)
+                findings.append(Finding(hops[i - 1].node_id, "input", tuple(map(int, pick[~same])),
+                                        f"{hop.node_id} received other rows than {hops[i - 1].node_id} committed to"))
+        if hop.sampled is not None:
+            rows = pick[hop.sampled.tokens[pick] >= 0]
+            if len(rows):
+                sampled = cm.TokenCommitment(hop.sampled.tokens[rows], hop.sampled.logits[rows])
+                greedy = hop.temperature == 0
+                gap_tol = tol if greedy else dataclasses.replace(tol, max_logit_gap=float("inf"))
+                bad = rows[~cm.tokens_pass(sampled, replay["logits"][rows], gap_tol)]
+                checked += len(rows)
+                if len(bad):
+                    findings.append(Finding(hop.node_id, "token", tuple(map(int, bad)),
+                                            f"{len(bad)} of {len(rows)} sampled tokens differ from the replay"
+                                            + ("" if greedy else " (logit only: sampled decoding)")))
+    order = {hop.node_id: i for i, hop in enumerate(hops)}
+    culprit = min((f.node_id for f in findings), key=order.__getitem__, default="")
+    return Verdict(not findings, culprit, checked, tuple(findings))
