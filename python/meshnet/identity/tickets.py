@@ -18,6 +18,7 @@ from meshnet.wire import seam as t
 from meshnet.wire.status import Status, StatusCode
 
 TICKET_DOMAIN = b"meshnet-ticket-v1\0"
+AUDIT_DOMAIN = b"meshnet-audit-v1\0"
 RESULTS_DOMAIN = b"meshnet-results-v1\0"
 MAX_SESSION_ID_BYTES = 64
 
@@ -41,6 +42,12 @@ def now_ms() -> int:
 def issue(tracker: Identity, body: t.TicketBody) -> t.RouteTicket:
     data = seam.encode_ticket_body(body)
     return t.RouteTicket(data, tracker.sign(TICKET_DOMAIN + data))
+
+
+def issue_audit(tracker: Identity, session_id: str, epoch: int, node_id: str, seconds: float) -> t.AuditTicket:
+    """The tracker's permission to read `node_id`'s commitments for (session, epoch) (ADR 0008)."""
+    data = seam.encode_audit_body(session_id, epoch, node_id, now_ms() + int(seconds * 1000))
+    return t.AuditTicket(data, tracker.sign(AUDIT_DOMAIN + data))
 
 
 def open_ticket(ticket: Optional[t.RouteTicket], tracker_key: bytes) -> t.TicketBody:

@@ -299,6 +299,13 @@ def encode_ticket_body(body: t.TicketBody) -> bytes:
     return m.SerializeToString(deterministic=True)
 
 
+def encode_audit_body(session_id: str, epoch: int, node_id: str, expires_unix_ms: int) -> bytes:
+    """A serialized AuditBody (ADR 0008): what the tracker signs to let one hop's commitments
+    for one route session be read."""
+    return pb.AuditBody(session_id=session_id, epoch=epoch, node_id=node_id,
+                        expires_unix_ms=expires_unix_ms).SerializeToString(deterministic=True)
+
+
 def decode_ticket_body(data: bytes) -> t.TicketBody:
     m = pb.TicketBody()
     try:

@@ -26,13 +26,14 @@ _NATIVE: dict[str, type] = {
     shard_pb2.RouteSession.DESCRIPTOR.full_name: seam_types.RouteSession,
     shard_pb2.Status.DESCRIPTOR.full_name: Status,
     shard_pb2.RouteTicket.DESCRIPTOR.full_name: seam_types.RouteTicket,
+    shard_pb2.AuditTicket.DESCRIPTOR.full_name: seam_types.AuditTicket,
 }
 for _name in pb.DESCRIPTOR.message_types_by_name:
     _NATIVE[f"meshnet.tracker.v1.{_name}"] = getattr(tt, _name)
 _PROTO = {cls: getattr(pb, cls.__name__) for name, cls in _NATIVE.items() if name.startswith("meshnet.tracker.v1.")}
 _PROTO.update({seam_types.ProtocolVersion: shard_pb2.ProtocolVersion, seam_types.Fingerprints: shard_pb2.Fingerprints,
                seam_types.RouteSession: shard_pb2.RouteSession, Status: shard_pb2.Status,
-               seam_types.RouteTicket: shard_pb2.RouteTicket})
+               seam_types.RouteTicket: shard_pb2.RouteTicket, seam_types.AuditTicket: shard_pb2.AuditTicket})
 _ENUMS = {
     "meshnet.tracker.v1.BackendKind": tt.BackendKind,
     "meshnet.tracker.v1.Admission": tt.Admission,

@@ -81,6 +81,12 @@ class TrackerClient:
     def renew_route(self, session: RouteSession) -> tt.RenewRouteReply:
         return self._call("RenewRoute", tt.RenewRouteRequest(session))
 
+    def take_audit(self) -> tt.TakeAuditReply:
+        return self._call("TakeAudit", tt.TakeAuditRequest())
+
+    def report_audit(self, report: tt.ReportAuditRequest) -> tt.ReportAuditReply:
+        return self._call("ReportAudit", report)
+
     def tracker_key(self) -> bytes:
         """The tracker's ticket key (trust it only over TLS)."""
         reply = self._stub.TrackerKey(codec.to_proto(tt.TrackerKeyRequest()), timeout=self._timeout)

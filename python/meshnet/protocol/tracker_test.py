@@ -11,7 +11,7 @@ from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.v1 import tracker_pb2 as pb
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId, SessionId
-from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession, RouteTicket
+from meshnet.wire.seam import AuditTicket, Fingerprints, ProtocolVersion, RouteSession, RouteTicket
 from meshnet.wire.status import Status, StatusCode
 
 NODE = tt.NodeInfo(NodeId("node-a"), "127.0.0.1:7001", tt.BackendKind.GGUF, "smollm2-135m-instruct", "llama",
@@ -45,6 +45,12 @@ SAMPLES = [
     tt.RenewRouteReply(OK, 60000),
     tt.TrackerKeyRequest(),
     tt.TrackerKeyReply(OK, b"t" * 32),
+    tt.TakeAuditRequest(),
+    tt.TakeAuditReply(OK, tt.AuditJob(7, SESSION, "smollm2-135m-instruct", (tt.Hop(NODE, tt.LayerRange(0, 10)),),
+                                      (AuditTicket(b"audit body", b"a" * 64),))),
+    tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "no audit pending")),
+    tt.ReportAuditRequest(7, False, "node-a", 48, '{"findings": []}'),
+    tt.ReportAuditReply(OK),
 ]
 
 

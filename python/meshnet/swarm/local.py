@@ -51,12 +51,15 @@ class TrackerProcess:
                  ban_seconds: float = 30.0, max_ban_seconds: float = 300.0, db: Optional[Path] = None,
                  insecure: bool = False, host: str = "127.0.0.1", ticket_seconds: float = 600.0,
                  http: bool = False, prefix: Sequence[str] = (), relay: bool = False,
-                 check_reachability: bool = False) -> None:
+                 check_reachability: bool = False, audit_rate: Optional[float] = None,
+                 audit_seed: Optional[int] = None) -> None:
         """`prefix` runs it under another command (e.g. `ip netns exec NS`); `relay`: it also
         serves the relay role on `host` (relay_address); `check_reachability`: it sends nodes it
-        cannot reach to a relay (ADR 0007)."""
+        cannot reach to a relay (ADR 0007). `audit_rate`/`audit_seed`: the tracker's audit draw
+        (ADR 0008; its own default rate when None)."""
         self.workdir, self.host, self.insecure, self.prefix = workdir, host, insecure, list(prefix)
         self.relay, self.relay_port, self.check_reachability = relay, 0, check_reachability
+        self.audit_rate, self.audit_seed = audit_rate, audit_seed
         self.http = http  # serve /metrics and /status on `host` (see http_url)
         self.http_port = 0
         self.db = db or workdir / "tracker.db"
@@ -123,6 +126,10 @@ class TrackerProcess:
             cmd += ["--relay", f"{self.host}:{self.relay_port}", "--relay-port-file", str(relay_port_file)]
         if self.check_reachability:
             cmd += ["--check-reachability"]
+        if self.audit_rate is not None:
+            cmd += ["--audit-rate", str(self.audit_rate)]
+        if self.audit_seed is not None:
+            cmd += ["--audit-seed", str(self.audit_seed)]
         self.proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         self.port = wait_for_port(self.proc, port_file, self.log, 60, "tracker")
         if self.http:  # written before the gRPC port file

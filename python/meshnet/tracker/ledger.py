@@ -52,7 +52,33 @@ CREATE TABLE IF NOT EXISTS work (
 CREATE INDEX IF NOT EXISTS work_by_node ON work (node_id);
 CREATE INDEX IF NOT EXISTS work_by_report ON work (node_id, report_id);
 CREATE INDEX IF NOT EXISTS work_by_triple ON work (session_id, epoch, node_id);
+CREATE TABLE IF NOT EXISTS audits (
+    audit_id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    passed INTEGER NOT NULL,
+    culprit TEXT NOT NULL,
+    checked INTEGER NOT NULL,
+    evidence TEXT NOT NULL,
+    reported_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    node_id TEXT PRIMARY KEY,
+    audit_id INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS withheld (
+    session_id TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    node_id TEXT NOT NULL,
+    audit_id INTEGER NOT NULL,
+    PRIMARY KEY (session_id, epoch, node_id)
+);
 """
+# Work that counts: every row but those of a triple withheld by a failed audit (ADR 0008).
+_CREDITED = ("(SELECT * FROM work AS c WHERE NOT EXISTS (SELECT 1 FROM withheld AS h WHERE "
+             "h.session_id = c.session_id AND h.epoch = c.epoch AND h.node_id = c.node_id))")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +181,7 @@ class Ledger:
         with self._lock:
             rows = self._db.execute(
                 "SELECT node_id, COUNT(DISTINCT session_id), SUM(prefill_tokens), SUM(decode_tokens) "
-                f"FROM work GROUP BY node_id ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,)).fetchall()
+                f"FROM {_CREDITED} GROUP BY node_id ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,)).fetchall()
         return [NodeTotals(*row) for row in rows]
 
     def totals_by_client(self, limit: Optional[int] = None) -> list[ClientTotals]:
@@ -165,7 +191,7 @@ class Ledger:
         with self._lock:
             rows = self._db.execute(
                 "SELECT i.client_id, COUNT(DISTINCT w.session_id), SUM(w.prefill_tokens), SUM(w.decode_tokens) "
-                "FROM work AS w JOIN issued AS i "
+                f"FROM {_CREDITED} AS w JOIN issued AS i "
                 "ON i.session_id = w.session_id AND i.epoch = w.epoch AND i.node_id = w.node_id "
                 f"GROUP BY i.client_id ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,)).fetchall()
         return [ClientTotals(*row) for row in rows]
@@ -174,7 +200,44 @@ class Ledger:
         """(distinct route sessions, prefill tokens, decode tokens) over all work counted."""
         with self._lock:
             return self._db.execute("SELECT COUNT(DISTINCT session_id), COALESCE(SUM(prefill_tokens), 0), "
-                                    "COALESCE(SUM(decode_tokens), 0) FROM work").fetchone()
+                                    f"COALESCE(SUM(decode_tokens), 0) FROM {_CREDITED}").fetchone()
+
+    def record_audit(self, audit_id: int, session_id: str, epoch: int, model: str, passed: bool, culprit: str,
+                     checked: int, evidence: str) -> None:
+        """An audit's verdict (ADR 0008); a failed one also quarantines `culprit` and withholds
+        its credit for the audited (session, epoch), in the same committed transaction."""
+        now = time.time()
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO audits (audit_id, session_id, epoch, model, passed, culprit, "
+                             "checked, evidence, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (audit_id, session_id, epoch, model, int(passed), culprit, checked, evidence, now))
+            if not passed:
+                self._db.execute("INSERT OR IGNORE INTO quarantine (node_id, audit_id, at) VALUES (?, ?, ?)",
+                                 (culprit, audit_id, now))
+                self._db.execute("INSERT OR IGNORE INTO withheld (session_id, epoch, node_id, audit_id) "
+                                 "VALUES (?, ?, ?, ?)", (session_id, epoch, culprit, audit_id))
+
+    def quarantined(self) -> set[str]:
+        """Nodes that failed an audit."""
+        with self._lock:
+            return {row[0] for row in self._db.execute("SELECT node_id FROM quarantine")}
+
+    def audits(self) -> list[dict]:
+        """Every recorded verdict, oldest first (for the status page and the evidence)."""
+        with self._lock:
+            rows = self._db.execute("SELECT audit_id, session_id, epoch, model, passed, culprit, checked, evidence "
+                                    "FROM audits ORDER BY reported_at").fetchall()
+        keys = ("audit_id", "session_id", "epoch", "model", "passed", "culprit", "checked", "evidence")
+        return [dict(zip(keys, row)) for row in rows]
+
+    def withheld_tokens(self, node_id: str) -> int:
+        """Tokens `node_id` reported for triples a failed audit withheld."""
+        with self._lock:
+            (tokens,) = self._db.execute(
+                "SELECT COALESCE(SUM(w.prefill_tokens + w.decode_tokens), 0) FROM work AS w JOIN withheld AS h "
+                "ON h.session_id = w.session_id AND h.epoch = w.epoch AND h.node_id = w.node_id "
+                "WHERE w.node_id = ?", (node_id,)).fetchone()
+        return tokens
 
     def sessions(self) -> set[str]:
         with self._lock:

@@ -7,7 +7,8 @@ key that signs route tickets (created 0600 when absent). --models is a JSON list
 models (see README, "Tracker"). `--http-listen HOST:PORT` (off by default) also serves the
 read-only /metrics, /status and /status.json (tracker/web.py says what they reveal); `--relay
 HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sends a node the
-tracker cannot reach to a relay. SIGTERM/SIGINT
+tracker cannot reach to a relay. `--audit-rate` (default 0.05) of closed route sessions are
+queued for the verifier role (ADR 0008). SIGTERM/SIGINT
 stop it gracefully; logs are JSON lines on stderr.
 """
 
@@ -21,6 +22,7 @@ from meshnet.identity.keys import Identity
 from meshnet.process import log, stop_on_signals, write_port_file
 from meshnet.relay.server import RelayServer
 from meshnet.tracker import web
+from meshnet.tracker.audits import DEFAULT_RATE, Audits
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
                         "holders of the node role's token may attach); port 0 picks one")
     parser.add_argument("--relay-public-host", help="the host peers dial for relayed nodes (default: --relay's host)")
     parser.add_argument("--relay-port-file", type=Path, help="write the relay's port here (before --port-file)")
+    parser.add_argument("--audit-rate", type=float, default=DEFAULT_RATE,
+                        help="fraction of closed route sessions queued for the verifier role to audit (ADR 0008)")
+    parser.add_argument("--audit-seed", type=int, help="seed of the audit draw (default: random)")
     args = parser.parse_args(argv)
 
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -85,14 +90,21 @@ def main(argv: list[str] | None = None) -> None:
     tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes()) if args.tls_cert else None
     models = load_models(args.models) if args.models else []
 
+    if not 0.0 <= args.audit_rate <= 1.0:
+        parser.error("--audit-rate must be in [0, 1]")
     ledger = Ledger(args.db)
+    ticket_key = Identity.load_or_create(args.ticket_key)
+    audits: list[Audits] = []  # made after the registry, which calls it when a route closes
     registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
-                        ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds)
+                        ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds,
+                        quarantined=ledger.quarantined(), on_close=lambda *closed: audits[0].consider(*closed))
+    audits.append(Audits(registry, ledger, ticket_key, rate=args.audit_rate, seed=args.audit_seed,
+                         ticket_seconds=args.ticket_seconds))
     metrics = TrackerMetrics(registry, ledger)
     try:
-        server, port = serve(registry, ledger, args.listen, roles, Identity.load_or_create(args.ticket_key), tls=tls,
+        server, port = serve(registry, ledger, args.listen, roles, ticket_key, tls=tls,
                              ticket_seconds=args.ticket_seconds, metrics=metrics,
-                             check_reachability=args.check_reachability)
+                             check_reachability=args.check_reachability, audits=audits[0])
         http = web.serve(metrics, args.http_listen) if args.http_listen else None
         relay = None
         if args.relay:

@@ -22,7 +22,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from meshnet.identity import keys
 from meshnet.recipe import fingerprint
@@ -93,8 +93,15 @@ def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
 class Registry:
     def __init__(self, models: list[CertifiedModel], *, lease_seconds: float = 10.0,
                  route_lease_seconds: float = 60.0, ban_seconds: float = 5.0, max_ban_seconds: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, quarantined: Iterable[NodeId] = (),
+                 on_close: Callable[[RouteSession, str, tuple[tt.Hop, ...]], None] = lambda route, model, hops: None
+                 ) -> None:
+        """`quarantined`: nodes that failed an audit (ADR 0008; the ledger keeps them), never
+        routed. `on_close(route, model, hops)` is called after a client closes a route, outside
+        the lock (the tracker samples audits there)."""
         self._models = {m.model: m for m in models}
+        self._quarantined: set[NodeId] = set(quarantined)
+        self._on_close = on_close
         self._lease = lease_seconds
         self._route_lease = route_lease_seconds
         self._ban_base, self._ban_max = ban_seconds, max_ban_seconds
@@ -215,7 +222,8 @@ class Registry:
             if certified is None and not nodes:
                 return tt.CoverageReply(_error(StatusCode.NOT_FOUND, f"unknown model {model!r}"))
             n_layer = certified.n_layer if certified else max(n.info.n_layer for n in nodes)
-            routable = [n for n in nodes if n.admission == tt.Admission.ROUTABLE and not n.draining]
+            routable = [n for n in nodes if n.admission == tt.Admission.ROUTABLE and not n.draining
+                        and n.info.node_id not in self._quarantined]
             layers = tuple(
                 tt.LayerCoverage(layer, tuple(sorted(n.info.node_id for n in routable
                                                      if n.info.layers.start <= layer < n.info.layers.end)))
@@ -224,7 +232,8 @@ class Registry:
             gaps = tuple(tt.LayerRange(s, e) for s, e in routing.uncovered_ranges(candidates, n_layer))
             dark = tuple(sorted(n.info.node_id for n in nodes if n.admission == tt.Admission.DARK))
             infos = tuple(n.info for n in sorted(nodes, key=lambda n: n.info.node_id))
-        return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark)
+            quarantined = tuple(sorted(n.info.node_id for n in nodes if n.info.node_id in self._quarantined))
+        return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark, quarantined)
 
     def snapshot(self, max_nodes: int = snap.MAX_NODES, max_routes: int = snap.MAX_ROUTES) -> snap.RegistrySnapshot:
         """A bounded read-only copy of the live nodes, routes and coverage (see snapshot.py).
@@ -232,7 +241,8 @@ class Registry:
         with self._lock:
             now = self._clock()
             self._expire_sessions()
-            nodes = [snap.NodeFacts(n.info, snap.state_of(n.admission, n.draining, self._banned(n, now)), n.load,
+            nodes = [snap.NodeFacts(n.info, snap.state_of(n.admission, n.draining, self._banned(n, now),
+                                                        n.info.node_id in self._quarantined), n.load,
                                     n.last_heartbeat)
                      for n in (self._live_node(i) for i in list(self._nodes)) if n is not None]
             routes = [snap.RouteFacts(sid, s.model, s.epoch, s.client_id, s.hops, s.opened_at, s.lease_until)
@@ -297,8 +307,20 @@ class Registry:
             assert route is not None
             if self._sessions[route.session_id].client_key != caller:
                 return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
-            del self._sessions[route.session_id]
+            closed = self._sessions.pop(route.session_id)
+        if closed.hops:
+            self._on_close(RouteSession(route.session_id, closed.epoch), closed.model, closed.hops)
         return OK
+
+    def quarantine(self, node_id: NodeId) -> None:
+        """Never routes `node_id` again (it failed an audit); it stays visible as quarantined."""
+        with self._lock:
+            self._quarantined.add(node_id)
+
+    @property
+    def quarantined(self) -> frozenset[NodeId]:
+        with self._lock:
+            return frozenset(self._quarantined)
 
     def renew_route(self, route: Optional[RouteSession], caller: bytes) -> tt.RenewRouteReply:
         """Extends the lease of a live route session (its opener only, at its current epoch)."""
@@ -369,7 +391,7 @@ class Registry:
             ban = self._bans.get(info.node_id)
             sessions, tokens = in_use.get(info.node_id, (0, 0))
             if (node.admission != tt.Admission.ROUTABLE or node.draining or info.node_id in session.avoid
-                    or (ban is not None and ban.until > now)):
+                    or (ban is not None and ban.until > now) or info.node_id in self._quarantined):
                 continue
             if cap.max_session_tokens and session.expected_tokens > cap.max_session_tokens:
                 too_short.append((_candidate(node, sessions), cap.max_session_tokens))

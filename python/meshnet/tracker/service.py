@@ -29,6 +29,7 @@ from meshnet.identity.keys import Identity
 from meshnet.process import log
 from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
+from meshnet.tracker.audits import Audits
 from meshnet.tracker.ledger import Ledger, WorkRefused
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import Registry
@@ -42,6 +43,7 @@ _NODE, _ROUTES, _ANY = frozenset({"node"}), frozenset({"client", "gateway"}), fr
 METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "Register": _NODE, "Heartbeat": _NODE, "Drain": _NODE, "Deregister": _NODE, "ReportWork": _NODE,
     "OpenRoute": _ROUTES, "ReportFailure": _ROUTES, "CloseRoute": _ROUTES, "RenewRoute": _ROUTES, "Coverage": _ANY,
+    "TakeAudit": frozenset({"verifier"}), "ReportAudit": frozenset({"verifier"}),
 }
 TICKET_SECONDS = 600.0
 REACHABILITY_TIMEOUT_S = 2.0
@@ -58,7 +60,7 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
 
     def __init__(self, registry: Registry, ledger: Ledger, role_tokens: Mapping[str, str], ticket_key: Identity,
                  ticket_seconds: float = TICKET_SECONDS, metrics: Optional[TrackerMetrics] = None,
-                 check_reachability: bool = False) -> None:
+                 check_reachability: bool = False, audits: Optional[Audits] = None) -> None:
         tokens = {role: token for role, token in role_tokens.items() if token}
         if not tokens:
             raise ValueError("the tracker needs at least one role token")
@@ -74,6 +76,7 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
         self._ticket_ms = int(ticket_seconds * 1000)
         self._metrics = metrics or TrackerMetrics(registry, ledger)
         self._check_reachability = check_reachability
+        self._audits = audits
 
     # ---- authentication ---------------------------------------------------------------------
 
@@ -201,6 +204,20 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
         return self._handle("RenewRoute", request, context, tt.RenewRouteReply,
                             lambda r, caller: self._registry.renew_route(r.session, caller))
 
+    def TakeAudit(self, request, context):  # noqa: N802
+        def work(_: tt.TakeAuditRequest, caller: bytes) -> tt.TakeAuditReply:
+            if self._audits is None:
+                return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "this tracker runs no audits"))
+            return self._audits.take()
+        return self._handle("TakeAudit", request, context, tt.TakeAuditReply, work)
+
+    def ReportAudit(self, request, context):  # noqa: N802
+        def work(report: tt.ReportAuditRequest, caller: bytes) -> tt.ReportAuditReply:
+            if self._audits is None:
+                return tt.ReportAuditReply(Status(StatusCode.NOT_FOUND, "this tracker runs no audits"))
+            return self._audits.report(report)
+        return self._handle("ReportAudit", request, context, tt.ReportAuditReply, work)
+
     def TrackerKey(self, request, context):  # noqa: N802
         return codec.to_proto(tt.TrackerKeyReply(Status(StatusCode.OK), self._ticket_key.public_key))
 
@@ -245,13 +262,16 @@ def unreachable(address: str, timeout: float = REACHABILITY_TIMEOUT_S) -> str:
 
 def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[str, str], ticket_key: Identity, *,
           tls: Optional[tuple[bytes, bytes]] = None, max_workers: int = 16, ticket_seconds: float = TICKET_SECONDS,
-          metrics: Optional[TrackerMetrics] = None, check_reachability: bool = False) -> tuple[grpc.Server, int]:
+          metrics: Optional[TrackerMetrics] = None, check_reachability: bool = False,
+          audits: Optional[Audits] = None) -> tuple[grpc.Server, int]:
     # tls: (certificate chain PEM, private key PEM), or None for plaintext (--insecure).
     # metrics: where the service counts its answers (a fresh TrackerMetrics if None).
     """Starts the tracker; returns the server and the bound port (listen may use port 0)."""
     # check_reachability: a node registering a direct address must accept a TCP connection from
     # the tracker there (else UNAVAILABLE: it should come back through a relay).
-    service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics, check_reachability)
+    # audits: the sampled audits the verifier role takes and reports (ADR 0008); None: off.
+    service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics, check_reachability,
+                             audits)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          maximum_concurrent_rpcs=max_workers * 8)
     tracker_pb2_grpc.add_TrackerServicer_to_server(service, server)

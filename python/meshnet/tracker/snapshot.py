@@ -18,7 +18,7 @@ from meshnet.wire.ids import NodeId
 
 MAX_NODES = 256  # nodes listed in one snapshot
 MAX_ROUTES = 128  # live routes listed in one snapshot
-STATES = ("routable", "draining", "banned", "dark")
+STATES = ("routable", "draining", "banned", "dark", "quarantined")
 UNCERTIFIED = "(uncertified)"  # the one model label of nodes whose model is not certified here
 
 
@@ -90,7 +90,9 @@ class RouteFacts:
     lease_until: float
 
 
-def state_of(admission: tt.Admission, draining: bool, banned: bool) -> str:
+def state_of(admission: tt.Admission, draining: bool, banned: bool, quarantined: bool = False) -> str:
+    if quarantined:  # failed an audit (ADR 0008)
+        return "quarantined"
     if admission != tt.Admission.ROUTABLE:
         return "dark"
     return "draining" if draining else "banned" if banned else "routable"

@@ -16,17 +16,16 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
+from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.verify import commitment as cm
 
-AUDIT_DOMAIN = b"meshnet-audit-v1\0"
 COMMITMENTS_DOMAIN = b"meshnet-commitments-v1\0"
 MAX_POSITIONS = 4096  # the worker's kMaxAuditPositions
 
@@ -37,9 +36,9 @@ class AuditError(Exception):
 
 def audit_ticket(tracker: Identity, session_id: str, epoch: int, node_id: str,
                  seconds: float = 600.0) -> shard_pb2.AuditTicket:
-    body = shard_pb2.AuditBody(session_id=session_id, epoch=epoch, node_id=node_id,
-                               expires_unix_ms=int((time.time() + seconds) * 1000)).SerializeToString()
-    return shard_pb2.AuditTicket(body=body, signature=tracker.sign(AUDIT_DOMAIN + body))
+    """What the tracker hands a verifier per hop (tests sign their own with the tracker's key)."""
+    ticket = tickets.issue_audit(tracker, session_id, epoch, node_id, seconds)
+    return shard_pb2.AuditTicket(body=ticket.body, signature=ticket.signature)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -154,6 +154,14 @@ class RouteTicket:
 
 
 @dataclasses.dataclass(frozen=True)
+class AuditTicket:
+    """The tracker's permission to read one hop's commitments (ADR 0008)."""
+
+    body: bytes  # a serialized AuditBody, exactly as signed
+    signature: bytes  # Ed25519 by the tracker over b"meshnet-audit-v1\0" + body
+
+
+@dataclasses.dataclass(frozen=True)
 class TicketBody:
     """What a route ticket admits (ADR 0003); signed as serialized bytes, never re-encoded."""
 

@@ -11,7 +11,7 @@ import enum
 from typing import Optional, Sequence
 
 from meshnet.wire.ids import NodeId
-from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession, RouteTicket
+from meshnet.wire.seam import AuditTicket, Fingerprints, ProtocolVersion, RouteSession, RouteTicket
 from meshnet.wire.status import Status
 
 
@@ -148,6 +148,7 @@ class CoverageReply:
     gaps: tuple[LayerRange, ...] = ()
     nodes: tuple[NodeInfo, ...] = ()
     dark_node_ids: tuple[NodeId, ...] = ()
+    quarantined_node_ids: tuple[NodeId, ...] = ()  # failed an audit: never routed (ADR 0008)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,3 +231,37 @@ class TrackerKeyRequest:
 class TrackerKeyReply:
     status: Optional[Status]
     ticket_public_key: bytes = b""  # Ed25519 key that verifies route tickets
+
+
+@dataclasses.dataclass(frozen=True)
+class TakeAuditRequest:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditJob:
+    audit_id: int
+    session: Optional[RouteSession]  # the closed route session at its last epoch
+    model: str
+    hops: tuple[Hop, ...] = ()
+    tickets: tuple[AuditTicket, ...] = ()  # one per hop
+
+
+@dataclasses.dataclass(frozen=True)
+class TakeAuditReply:
+    status: Optional[Status]
+    job: Optional[AuditJob] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportAuditRequest:
+    audit_id: int
+    passed: bool
+    culprit_node_id: str = ""
+    checked_positions: int = 0
+    evidence: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportAuditReply:
+    status: Optional[Status]

@@ -1,0 +1,114 @@
+"""Which closed route sessions are audited, and the queue the verifier role takes them from
+(docs/adr/0008-verified-outputs.md).
+
+`consider` is the registry's on_close hook: a closed route session is audited with probability
+`rate`, drawn from a generator seeded with `seed` (so a run is repeatable). Pending audits wait
+in a bounded queue (past MAX_PENDING the oldest is dropped, and logged). `take` hands the oldest
+to a verifier with an audit ticket per hop (valid `ticket_seconds`, signed with the ticket key)
+and keeps it in flight; one not reported within `report_seconds` goes back to the queue. `report`
+records the verdict in the ledger; a failed one quarantines the culprit in the registry (never
+routed again) and withholds its credit for the audited session (ledger), in one transaction.
+Thread-safe (one lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import secrets
+import threading
+import time
+from collections import deque
+from typing import Callable, Optional
+
+from meshnet.identity import tickets
+from meshnet.identity.keys import Identity
+from meshnet.process import log
+from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.registry import Registry
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import RouteSession
+from meshnet.wire.status import Status, StatusCode
+
+MAX_PENDING = 1024
+MAX_EVIDENCE_CHARS = 64 * 1024
+DEFAULT_RATE = 0.05
+
+
+@dataclasses.dataclass
+class _Job:
+    audit_id: int
+    route: RouteSession
+    model: str
+    hops: tuple[tt.Hop, ...]
+    taken_at: float = 0.0
+
+
+class Audits:
+    def __init__(self, registry: Registry, ledger: Ledger, ticket_key: Identity, *, rate: float = DEFAULT_RATE,
+                 seed: Optional[int] = None, ticket_seconds: float = 600.0, report_seconds: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"audit rate must be in [0, 1], got {rate}")
+        self._registry, self._ledger, self._key = registry, ledger, ticket_key
+        self.rate = rate
+        self._random = random.Random(seed)
+        self._ticket_seconds, self._report_seconds, self._clock = ticket_seconds, report_seconds, clock
+        self._lock = threading.Lock()
+        self._pending: deque[_Job] = deque()
+        self._in_flight: dict[int, _Job] = {}
+        self.considered = 0  # closed route sessions seen
+        self.sampled = 0  # of those, queued for audit
+
+    def consider(self, route: RouteSession, model: str, hops: tuple[tt.Hop, ...]) -> None:
+        with self._lock:
+            self.considered += 1
+            if self._random.random() >= self.rate:
+                return
+            self.sampled += 1
+            bare = tuple(dataclasses.replace(h, ticket=None) for h in hops)
+            self._pending.append(_Job(secrets.randbits(62) + 1, route, model, bare))
+            if len(self._pending) > MAX_PENDING:
+                dropped = self._pending.popleft()
+                log("audit_dropped", audit_id=dropped.audit_id, session=dropped.route.session_id,
+                    reason=f"more than {MAX_PENDING} audits pending")
+
+    def take(self) -> tt.TakeAuditReply:
+        with self._lock:
+            now = self._clock()
+            for audit_id, job in list(self._in_flight.items()):  # a verifier that never reported
+                if now - job.taken_at > self._report_seconds:
+                    del self._in_flight[audit_id]
+                    self._pending.appendleft(job)
+            if not self._pending:
+                return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "no audit pending"))
+            job = self._pending.popleft()
+            job.taken_at = now
+            self._in_flight[job.audit_id] = job
+        route = job.route
+        issued = tuple(tickets.issue_audit(self._key, route.session_id, route.epoch, h.node.node_id,
+                                           self._ticket_seconds) for h in job.hops)
+        return tt.TakeAuditReply(Status(StatusCode.OK), tt.AuditJob(job.audit_id, route, job.model, job.hops, issued))
+
+    def report(self, request: tt.ReportAuditRequest) -> tt.ReportAuditReply:
+        if len(request.evidence) > MAX_EVIDENCE_CHARS:
+            return tt.ReportAuditReply(Status(StatusCode.INVALID_ARGUMENT,
+                                              f"evidence exceeds {MAX_EVIDENCE_CHARS} characters"))
+        with self._lock:
+            job = self._in_flight.get(request.audit_id)
+            if job is None:
+                return tt.ReportAuditReply(Status(StatusCode.NOT_FOUND, f"audit {request.audit_id} is not in flight"))
+            hops = {h.node.node_id for h in job.hops}
+            if not request.passed and request.culprit_node_id not in hops:
+                return tt.ReportAuditReply(Status(StatusCode.INVALID_ARGUMENT,
+                                                  f"culprit {request.culprit_node_id!r} is not a hop of the audited "
+                                                  "route"))
+            del self._in_flight[request.audit_id]
+        culprit = "" if request.passed else request.culprit_node_id
+        self._ledger.record_audit(job.audit_id, job.route.session_id, job.route.epoch, job.model, request.passed,
+                                  culprit, request.checked_positions, request.evidence)
+        if not request.passed:
+            self._registry.quarantine(culprit)
+        log("audit", audit_id=job.audit_id, session=job.route.session_id, epoch=job.route.epoch,
+            passed=request.passed, culprit=culprit, checked=request.checked_positions)
+        return tt.ReportAuditReply(Status(StatusCode.OK))

@@ -1,0 +1,118 @@
+"""`tools/bazel run //python:verifier -- --tracker HOST:PORT --tracker-ca CA --token-file
+VERIFIER.token`: the verifier role (docs/adr/0008-verified-outputs.md).
+
+Takes the tracker's pending audits one at a time, fetches each hop's signed commitments with the
+audit tickets the tracker issued, replays the session on the whole certified model, checks
+`--positions` random positions per hop at the calibrated tolerance, and reports the verdict.
+Policy for a refutation: replay once more with another thread count and blame the culprit only
+when the second replay refutes the same hop (a glitch of the verifier itself must not quarantine
+anyone); a hop answering UNIMPLEMENTED (the reference backend keeps no commitments) or NOT_FOUND
+(the session left its bounded log, or its worker restarted) makes the audit inconclusive, reported
+as passed with the reason in the evidence. Logs are JSON lines on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import grpc
+import numpy as np
+
+from meshnet.identity.keys import Identity
+from meshnet.identity.tls import pinned_channel
+from meshnet.process import log, stop_on_signals, tracker_token
+from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.shard.v1 import shard_pb2
+from meshnet.verify import audit, commitment
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import StatusCode
+
+INCONCLUSIVE = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND)
+
+
+def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
+              positions: int, seed: int) -> tt.ReportAuditRequest:
+    fetched = []
+    for hop, ticket in zip(job.hops, job.tickets):
+        node = hop.node
+        try:
+            with pinned_channel(node.address, node.tls_certificate.encode() or None) as channel:
+                fetched.append(audit.fetch(channel, shard_pb2.AuditTicket(body=ticket.body, signature=ticket.signature),
+                                           node.public_key))
+        except grpc.RpcError as err:
+            if err.code() not in INCONCLUSIVE:
+                raise
+            return tt.ReportAuditRequest(job.audit_id, True, evidence=json.dumps(
+                {"inconclusive": f"{node.node_id} answered {err.code().name}: {err.details()}"}))
+    tokens = audit.session_tokens(fetched)
+    layers = [h.layers for h in fetched]
+    verdict = audit.judge(fetched, replayers[0].replay(tokens, layers), tol, positions, np.random.default_rng(seed))
+    evidence: dict = {"findings": [f.__dict__ for f in verdict.findings], "tokens": len(tokens)}
+    if not verdict.passed:  # confirm on a second replay before blaming anyone
+        second = audit.judge(fetched, replayers[1].replay(tokens, layers), tol, positions, np.random.default_rng(seed))
+        evidence["confirmed"] = second.culprit == verdict.culprit
+        if not evidence["confirmed"]:
+            return tt.ReportAuditRequest(job.audit_id, True, "", verdict.checked_positions, json.dumps(evidence))
+    return tt.ReportAuditRequest(job.audit_id, verdict.passed, verdict.culprit, verdict.checked_positions,
+                                 json.dumps(evidence)[:60_000])
+
+
+def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
+                 positions: int, stop: threading.Event, poll_seconds: float = 1.0,
+                 seed: Optional[int] = None) -> int:
+    """Runs audits until `stop`; how many were reported."""
+    reported = 0
+    while not stop.is_set():
+        try:
+            reply = tracker.take_audit()
+        except grpc.RpcError as err:
+            log("tracker_unreachable", error=err.code().name)
+            stop.wait(poll_seconds)
+            continue
+        if reply.status.code == StatusCode.NOT_FOUND or reply.job is None:
+            stop.wait(poll_seconds)
+            continue
+        job = reply.job
+        try:
+            report = run_audit(job, replayers, tol, positions, seed if seed is not None else job.audit_id)
+        except (audit.AuditError, grpc.RpcError) as err:
+            log("audit_failed_to_run", audit_id=job.audit_id, error=str(err))
+            continue  # the tracker hands it out again after its report deadline
+        tracker.report_audit(report)
+        reported += 1
+        log("audited", audit_id=job.audit_id, session=job.session.session_id, passed=report.passed,
+            culprit=report.culprit_node_id, checked=report.checked_positions)
+    return reported
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Meshnet verifier role")
+    parser.add_argument("--tracker", required=True)
+    parser.add_argument("--tracker-ca", type=Path)
+    parser.add_argument("--token-file", type=Path, help="the verifier role's token (else $MESHNET_VERIFIER_TOKEN)")
+    parser.add_argument("--insecure", action="store_true")
+    parser.add_argument("--gguf", required=True, type=Path, help="the certified model, whole")
+    parser.add_argument("--dump-boundaries", required=True, type=Path, help="//cpp/engine:dump_boundaries")
+    parser.add_argument("--calibration", required=True, type=Path, help="calibration.json of this model's recipe")
+    parser.add_argument("--positions", type=int, default=16, help="positions checked per hop per audit")
+    args = parser.parse_args(argv)
+    token = tracker_token(parser, args.token_file, "MESHNET_VERIFIER_TOKEN", "verifier", args.tracker_ca,
+                          args.insecure)
+    tracker = TrackerClient(args.tracker, token, Identity.generate(),
+                            tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
+    replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2),
+                 audit.Replayer(args.dump_boundaries, args.gguf, threads=1))
+    stop = stop_on_signals()
+    log("verifying", tracker=args.tracker, model=str(args.gguf), positions=args.positions)
+    serve_audits(tracker, replayers, commitment.tolerance_from_calibration(args.calibration), args.positions, stop)
+    tracker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Issue 17 acceptance, through the tracker: closed route sessions are sampled for audit by the
+tracker (a fixed seed), the verifier role takes each audit, and a refuted hop is quarantined (never
+routed again, shown as such in the coverage) with its credit for the audited session withheld.
+
+- Honest: a 3-node swarm with a replica per range, every closed session audited (rate 1.0, so
+  the test needs dozens of sessions, not hundreds), at least 1,000 positions checked, no hop
+  refuted, nobody quarantined.
+- Each cheating worker (noise, garbage, forged tokens, Q4_0 served as the certified Q4_1), at a
+  5% audit rate with seed 7: quarantined by the first audited session that routed through it
+  (AUDITS_TO_QUARANTINE = 1), and that session's credit withheld."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.swarm.local import LocalSwarm
+from meshnet.tracker.ledger import Ledger
+from meshnet.verify import audit, commitment, verifier
+from route_cases import MORE_PROMPTS, PROMPTS
+
+CUTS = [(0, 10), (10, 20), (20, 30)]
+TOKENS = 12
+AUDITS_TO_QUARANTINE = 1
+MAX_SESSIONS_PER_CHEAT = 200  # at 5%, P(no audit in 200 sessions) = 0.95^200 < 4e-5
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    return Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(gguf):
+    from meshnet.gateway.tokenizer import GgufTokenizer
+
+    return GgufTokenizer.from_gguf(gguf)
+
+
+@pytest.fixture(scope="module")
+def replayers(gguf):
+    binary = Path(os.environ["MESHNET_DUMP_BOUNDARIES"])
+    return audit.Replayer(binary, gguf, threads=2), audit.Replayer(binary, gguf, threads=1)
+
+
+@pytest.fixture(scope="module")
+def tolerance():
+    return commitment.tolerance_from_calibration(os.environ["MESHNET_CALIBRATION"])
+
+
+def swarm_with(tmp: Path, gguf: Path, rate: float, seed: int, replicas: bool) -> LocalSwarm:
+    swarm = LocalSwarm(tmp, gguf, CUTS, backend="gguf", worker_binary=Path(os.environ["MESHNET_WORKER_BINARY"]))
+    swarm.tracker.audit_rate, swarm.tracker.audit_seed = rate, seed
+    swarm.start()
+    if replicas:
+        for i, cut in enumerate(CUTS):
+            swarm.add_node(f"replica-{i}", cut, wait=False)
+        for node in swarm.nodes.values():
+            node.wait_ready()
+    return swarm
+
+
+def one_session(swarm, tokenizer, prompt: str) -> list[str]:
+    """A greedy generation on a route the client then closes; the route's node ids."""
+    with swarm.client() as tracker:
+        session = RouteClient(tracker, swarm.model)
+        hops = []
+        for _ in session.generate(tokenizer.encode(prompt), GenerationParams(max_tokens=TOKENS)):
+            if not hops:
+                hops = [h.node.node_id for h in session._connection.hops]
+    return hops
+
+
+def audit_pending(swarm, replayers, tolerance) -> list:
+    """Runs every audit the tracker has queued, as the verifier role; the reports."""
+    reports = []
+    with swarm.tracker.client("verifier") as tracker:
+        while (reply := tracker.take_audit()).job is not None:
+            report = verifier.run_audit(reply.job, replayers, tolerance, positions=16, seed=reply.job.audit_id)
+            assert tracker.report_audit(report).status.ok
+            reports.append(report)
+    return reports
+
+
+def test_an_honest_swarm_with_replicas_passes_1000_audited_positions(gguf, tokenizer, replayers, tolerance,
+                                                                      tmp_path):
+    swarm = swarm_with(tmp_path, gguf, rate=1.0, seed=1, replicas=True)
+    try:
+        checked, sessions, prompts = 0, 0, PROMPTS + MORE_PROMPTS
+        while checked < 1000:
+            one_session(swarm, tokenizer, prompts[sessions % len(prompts)])
+            sessions += 1
+            for report in audit_pending(swarm, replayers, tolerance):
+                assert report.passed, report.evidence
+                assert "inconclusive" not in report.evidence
+                checked += report.checked_positions
+        with swarm.client() as tracker:
+            assert tracker.coverage(swarm.model).quarantined_node_ids == ()
+        print(f"honest: {sessions} sessions audited, {checked} positions checked, 0 refuted")
+    finally:
+        swarm.stop()
+
+
+@pytest.fixture(scope="module")
+def q4_0(gguf, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("q4_0") / "q4_0.gguf"
+    subprocess.run([os.environ["MESHNET_QUANTIZE"], "--allow-requantize", str(gguf), str(out), "Q4_0"], check=True,
+                   capture_output=True)
+    return out
+
+
+def test_each_cheat_is_quarantined_by_its_first_audited_session(gguf, tokenizer, replayers, tolerance, q4_0,
+                                                                 tmp_path):
+    swarm = swarm_with(tmp_path, gguf, rate=0.05, seed=7, replicas=False)
+    cheats = [((10, 20), ["--cheat", "noise:1.0"]), ((10, 20), ["--cheat", "garbage"]),
+              ((20, 30), ["--cheat", "forge_tokens"]), ((10, 20), ["--cheat-serve-gguf", str(q4_0)])]
+    outcomes = {}
+    try:
+        for n, (layers, flags) in enumerate(cheats):
+            honest = swarm.nodes[swarm.ids[f"node-{CUTS.index(layers)}"]]
+            honest.stop()  # the cheater alone serves its range
+            cheater = swarm.add_node(f"cheat-{n}", layers, extra_args=flags)
+            audited, sessions = 0, 0
+            while sessions < MAX_SESSIONS_PER_CHEAT:
+                hops = one_session(swarm, tokenizer, PROMPTS[sessions % len(PROMPTS)])
+                sessions += 1
+                assert cheater.node_id in hops
+                reports = audit_pending(swarm, replayers, tolerance)
+                audited += len(reports)
+                if reports:
+                    break
+            assert audited == AUDITS_TO_QUARANTINE, f"{flags}: no audit in {sessions} sessions"
+            [report] = reports
+            assert not report.passed and report.culprit_node_id == cheater.node_id, report.evidence
+            assert json.loads(report.evidence)["confirmed"] is True
+            with swarm.client() as tracker:
+                assert cheater.node_id in tracker.coverage(swarm.model).quarantined_node_ids
+            honest.launch().wait_ready()
+            assert cheater.node_id not in one_session(swarm, tokenizer, PROMPTS[0])  # never routed again
+            audit_pending(swarm, replayers, tolerance)  # that session may be drawn too
+            cheater.stop()
+            outcomes["q4_0" if "--cheat-serve-gguf" in flags else flags[-1]] = {"sessions": sessions, "audited": audited}
+        ledger = Ledger(swarm.tracker.db)
+        try:
+            failed = [a for a in ledger.audits() if not a["passed"]]
+            assert {a["culprit"] for a in failed} == ledger.quarantined()
+            assert len(ledger.quarantined()) == len(cheats)
+        finally:
+            ledger.close()
+        print("cheats:", json.dumps(outcomes))
+    finally:
+        swarm.stop()
