@@ -99,8 +99,10 @@ void ShardService::CommitSampled(const SessionKey& key, const Live& live, const 
     if (options_.cheat.mode == ServiceOptions::Cheat::Mode::kForgeTokens) {
       token.id = static_cast<uint32_t>((token.id + 1) % n_vocab);  // test only: a forged token
     }
-    commitments_.Sampled(key, static_cast<uint32_t>(token.position - 1), static_cast<int32_t>(token.id),
-                         logits[token.row * n_vocab + token.id], temperature);
+    if (options_.record_commitments) {
+      commitments_.Sampled(key, static_cast<uint32_t>(token.position - 1), static_cast<int32_t>(token.id),
+                           logits[token.row * n_vocab + token.id], temperature);
+    }
   }
 }
 

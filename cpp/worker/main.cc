@@ -7,7 +7,7 @@
 //   [--max_prefill_chunk=N] [--queue=N] [--batch_window_us=US] [--idle_seconds=S] [--unified_kv=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
-//   [--parent_pid=PID] [--cheat=noise:F|garbage|forge_tokens]   (--cheat: tests only)
+//   [--parent_pid=PID] [--commitments=0|1] [--cheat=noise:F|garbage|forge_tokens]   (--cheat: tests only)
 // Route tickets are verified with the tracker's key (docs/adr/0003-identities-and-route-
 // tickets.md); the shard service is served over TLS with the given certificate, or plaintext
 // only with --insecure=1 (which also dials downstream hops in plaintext). Exits 2 on a missing
@@ -19,7 +19,7 @@
 // (PR_SET_PDEATHSIG), and it exits at once if that parent is already gone: no orphan workers.
 // $MESHNET_NODE_KEY (64 hex digits: the node's Ed25519 private key) signs the commitments that
 // audits read (docs/adr/0008-verified-outputs.md). --cheat makes a cheating worker for tests of
-// those audits: it perturbs (noise:F of each row's RMS) or replaces (garbage) the hidden rows it
+// those audits (--commitments=0 keeps none: benchmarks of their cost only): it perturbs (noise:F of each row's RMS) or replaces (garbage) the hidden rows it
 // hands on, or forges the tokens it samples (forge_tokens), and commits to what it sends.
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
@@ -187,6 +187,7 @@ int main(int argc, char** argv) {
     }
     std::cerr << "worker: TEST ONLY: this worker cheats (" << cheat << ")\n";
   }
+  service_options.record_commitments = Int(flags, "commitments", 1) != 0;
   service_options.insecure = insecure;
   service_options.sessions.max_sessions = max_sessions;
   service_options.sessions.idle = std::chrono::seconds(Int(flags, "idle_seconds", 300));

@@ -391,7 +391,8 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key, Ses
     if (!complete) return std::nullopt;  // more fragments of this step
   }
   if (frame.sampling.has_value()) live.sampler = std::make_unique<engine::Sampler>(*frame.sampling);
-  if (scheduler_->first()) {  // what this hop was given, for audits (ADR 0008)
+  if (!options_.record_commitments) {
+  } else if (scheduler_->first()) {  // what this hop was given, for audits (ADR 0008)
     commitments_.InputTokens(key, static_cast<uint32_t>(start), item.tokens);
   } else {
     commitments_.Rows(key, static_cast<uint32_t>(start), item.hidden.data(), static_cast<uint32_t>(count),
@@ -427,8 +428,10 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key, Ses
     Publish(live, frame, outcome.second, sampled);
   } else {
     CheatOnRows(&outcome.second, start);  // test-only cheats; nothing in a real deployment
-    commitments_.Rows(key, static_cast<uint32_t>(start), outcome.second.data(), static_cast<uint32_t>(count),
-                      scheduler_->n_embd(), /*input=*/false);
+    if (options_.record_commitments) {
+      commitments_.Rows(key, static_cast<uint32_t>(start), outcome.second.data(), static_cast<uint32_t>(count),
+                        scheduler_->n_embd(), /*input=*/false);
+    }
     Status forwarded = Forward(live, frame, outcome.second, deadline);
     if (!forwarded.ok()) {  // the step did not happen: take its rows back out of the KV
       scheduler_->Truncate(info.seq, static_cast<int32_t>(start), info.owner);

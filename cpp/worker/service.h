@@ -86,6 +86,7 @@ struct ServiceOptions {
   // replies. Empty: Commitments answers UNAVAILABLE.
   std::string node_key;
   CommitmentOptions commitments;
+  bool record_commitments = true;  // false (--commitments=0): nothing to audit (benchmarks only)
   // Test only (issue 17's cheating worker, --cheat=...): what this hop does to its output and
   // commits to, so that audits can be shown to catch it. kNone in every real deployment.
   struct Cheat {

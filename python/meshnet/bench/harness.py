@@ -112,6 +112,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--gguf", type=Path, default=os.environ.get("MESHNET_BUNDLED_GGUF"))
     for tool in ("worker-binary", "batched-bench", "rpc-server", "quantize", "dump-logits"):
         p.add_argument(f"--{tool}", type=Path, required=True)
+    p.add_argument("--dump-boundaries", type=Path, help="//cpp/engine:dump_boundaries, for the audited lane's verifier")
+    p.add_argument("--calibration", type=Path, help="the commitment tolerance (docs/evidence/verification/"
+                   "calibration.json), for the audited lane's verifier")
     p.add_argument("--out", type=Path, help="output folder (default: bench-out/<time> in the workspace)")
     p.add_argument("--prompts", default="128,512", help="prompt lengths in tokens")
     p.add_argument("--concurrency", default="1,8")

@@ -40,11 +40,14 @@ def wan_lane_names(delay_ms: int) -> tuple[str, ...]:
 # --synthetic-gguf: weights dominate memory there, as they do for the models Meshnet is for.
 SYNTHETIC_LANES = ("synthetic_1b_llama_cpp_single_process", "synthetic_1b_gguf_ring_1_node",
                    "synthetic_1b_gguf_ring_3_nodes", "synthetic_1b_reference_route_3_nodes")
+# Issue 17: the ring with audits at 5% (commitments kept, the verifier role running on this
+# machine) against no commitments and no audits.
+AUDIT_LANES = ("gguf_ring_3_nodes_unaudited", "gguf_ring_3_nodes_audited")
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
          "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
-         "gguf_ring_3_nodes_spec", "gateway_3_nodes", *SYNTHETIC_LANES)
+         "gguf_ring_3_nodes_spec", "gateway_3_nodes", *AUDIT_LANES, *SYNTHETIC_LANES)
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
@@ -55,6 +58,8 @@ LABELS = {
     "gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode",
     "gguf_ring_1_node": "GGUF route, 1 node, ring decode",
     "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
+    "gguf_ring_3_nodes_unaudited": "GGUF route, {k} nodes, ring decode, no commitments, no audits",
+    "gguf_ring_3_nodes_audited": "GGUF route, {k} nodes, ring decode, audits at 5% (verifier on this machine)",
     **{f"wan_{d}ms_gguf_ring_3_nodes": f"GGUF route, {{k}} nodes, ring decode, {d} ms one-way per link (delay proxy)"
        for d in WAN_DELAYS_MS},
     **{f"wan_{d}ms_llama_cpp_rpc_3": f"llama.cpp RPC over {{k}} rpc-servers, {d} ms one-way per link (delay proxy)"
@@ -235,6 +240,7 @@ class Bench:
                                f"{'-plaintext' if options.insecure else ''}{'-ring' if options.ring else ''}"
                                f"{f'-delay{options.delay_ms:g}' if options.delay_ms is not None else ''}"
                                f"{f'-spec{options.speculate}' if options.speculate else ''}"
+                               f"{'' if options.commitments else '-nocommit'}{'-verifier' if options.verifier else ''}"
                                f"-p{min(prompts)}")
         result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts,
                                       self.grid(list(prompts), concurrency),
@@ -259,6 +265,11 @@ class Bench:
                          "lookup; cells report drafted and accepted tokens")
         if backend == "reference":
             notes.append("the reference shard does not report compute time, so seam overhead is n/a")
+        if not options.commitments:
+            notes.append("workers keep no commitments (--no-commitments) and the tracker audits nothing")
+        if options.verifier is not None:
+            notes.append(f"audits: the tracker samples {options.audit_rate:.0%} of closed route sessions; the verifier "
+                         f"role ran on this machine and reported {result.get('audits', 0)} audits during the lane")
         return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
                 "peak_rss_bytes": sum(n["peak_rss_bytes"] for n in nodes), "kv_bytes": sum(n["kv_bytes"] for n in nodes),
                 "notes": notes}
@@ -271,6 +282,13 @@ class Bench:
                                      a.threads, progress)
         lane["notes"].append(f"{a.threads} compute threads per node; swarm and gateway ready in {lane['startup_s']} s")
         return lane
+
+    def verifier_tools(self) -> tuple[Path, Path]:
+        """(dump_boundaries, calibration.json) for the verifier role; LaneUnavailable without them."""
+        a = self.args
+        if a.dump_boundaries is None or a.calibration is None:
+            raise LaneUnavailable("needs --dump-boundaries and --calibration (//python:bench passes both)")
+        return a.dump_boundaries, a.calibration
 
     def synthetic(self) -> Path:
         """The synthetic ~1.1B GGUF of --synthetic-gguf; LaneUnavailable without it."""
@@ -318,6 +336,12 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "wan_10ms_gguf_route_3_nodes": lambda: proxy_wan_lane(bench, model, prompts, progress, 10, ring=False),
         "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                       options=RouteOptions(ring=True, speculate=SPECULATE)),
+        "gguf_ring_3_nodes_unaudited": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                           options=RouteOptions(ring=True, commitments=False,
+                                                                                audit_rate=0.0)),
+        "gguf_ring_3_nodes_audited": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                         options=RouteOptions(ring=True, audit_rate=0.05,
+                                                                              verifier=bench.verifier_tools())),
         "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
         "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
         "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),

@@ -45,6 +45,10 @@ class RouteOptions:
     delay_ms: Optional[float] = None  # one-way delay of every link into a node (a DelayProxy)
     rate_mbit: Optional[float] = None  # and its rate (None: unlimited)
     speculate: int = 0  # ring decode: the most tokens the first hop drafts per step (0: off)
+    commitments: bool = True  # workers keep commitments for audits (ADR 0008); False: none (no audits possible)
+    audit_rate: Optional[float] = None  # the tracker's audit draw (None: its default)
+    # The verifier role running during the lane on this machine: (dump_boundaries binary, calibration.json).
+    verifier: Optional[tuple[Path, Path]] = None
 
 
 class HealthProbe:
@@ -175,14 +179,54 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend
         with LocalSwarm(workdir, gguf, cuts, model="bench-model", backend=backend, worker_binary=worker,
                         threads=threads, max_sessions=max(max(concurrency), 8), max_kv_tokens=max_kv_tokens, host=host,
                         node_hosts=node_hosts, node_prefixes=node_prefixes, insecure=options.insecure,
-                        node_advertise=[p.address for p in proxies]) as swarm:
+                        node_advertise=[p.address for p in proxies],
+                        node_args=[] if options.commitments else ["--no-commitments"],
+                        audit_rate=options.audit_rate) as swarm:
             for proxy, node in zip(proxies, swarm.nodes.values()):  # nodes in cut order
                 proxy.target = (node.host, node.port)
             startup_s = time.perf_counter() - started
-            return _measure(swarm, prompts, cells, tokens, progress, options, len(cuts), startup_s)
+            with Verifying(swarm, gguf, options.verifier) as verifying:
+                result = _measure(swarm, prompts, cells, tokens, progress, options, len(cuts), startup_s)
+            if options.verifier is not None:
+                result["audits"] = verifying.reported
+            return result
     finally:
         for proxy in proxies:
             proxy.close()
+
+
+class Verifying:
+    """The verifier role (meshnet.verify.verifier) auditing the swarm's sampled sessions in a
+    thread while a lane runs, on this machine's cores like everything else; nothing when
+    `verifier` is None."""
+
+    def __init__(self, swarm: LocalSwarm, gguf: Path, verifier: Optional[tuple[Path, Path]]) -> None:
+        self._swarm, self._gguf, self._verifier = swarm, gguf, verifier
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.reported = 0
+
+    def __enter__(self) -> "Verifying":
+        if self._verifier is not None:
+            from meshnet.verify import audit, commitment, verifier  # numpy and the replay tool: only here
+
+            binary, calibration = self._verifier
+            replayers = (audit.Replayer(binary, self._gguf, threads=1), audit.Replayer(binary, self._gguf, threads=2))
+            tolerance = commitment.tolerance_from_calibration(calibration)
+            client = self._swarm.tracker.client("verifier")
+
+            def run() -> None:
+                with client:
+                    self.reported = verifier.serve_audits(client, replayers, tolerance, 16, self._stop, 0.5)
+
+            self._thread = threading.Thread(target=run, name="verifier", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
 
 
 def _measure(swarm: LocalSwarm, prompts: dict[int, list[list[int]]], grid: Sequence[tuple[int, int]], tokens: int,

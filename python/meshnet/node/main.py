@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relay-public-host", help="the host peers dial for nodes relayed here (default: --relay's)")
     parser.add_argument("--relay-tls-cert", type=Path, help="TLS certificate of the relay role (with --relay)")
     parser.add_argument("--relay-tls-key", type=Path, help="its key")
+    parser.add_argument("--no-commitments", action="store_true", help="BENCHMARKS ONLY: keep no commitments (such a "
+                        "node cannot be audited; ADR 0008)")
     parser.add_argument("--cheat", help="TESTS ONLY: a cheating worker (noise:F, garbage, forge_tokens) that audits "
                         "must catch (ADR 0008)")
     parser.add_argument("--cheat-serve-gguf", type=Path, help="TESTS ONLY: the worker loads this GGUF (e.g. a cheaper "
@@ -156,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                                   max_kv_tokens=args.max_kv_tokens, tracker_key=tracker_key,
                                   tls=(cert_path, key_path) if cert_pem else None,
                                   log=args.port_file.with_suffix(".worker.log") if args.port_file else None,
-                                  node_key=identity.seed, cheat=args.cheat or "")
+                                  node_key=identity.seed, cheat=args.cheat or "",
+                                  commitments=not args.no_commitments)
         else:
             import torch  # only the reference backend computes in this process
 

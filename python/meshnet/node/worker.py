@@ -63,10 +63,11 @@ class WorkerProcess:
     def __init__(self, binary: Path, gguf: Path, layers: tuple[int, int], host: str, node_id: str, *,
                  threads: int, max_sessions: int, n_ctx: int, tracker_key: bytes,
                  tls: Optional[tuple[Path, Path]], log: Optional[Path] = None, node_key: bytes = b"",
-                 cheat: str = "") -> None:
+                 cheat: str = "", commitments: bool = True) -> None:
         """`tls`: (certificate PEM path, key PEM path), or None to serve plaintext (--insecure).
         `node_key`: the node's identity seed, with which the worker signs its commitments (ADR
-        0008; through the environment, never argv). `cheat`: tests only (the worker's --cheat)."""
+        0008; through the environment, never argv). `cheat`: tests only (the worker's --cheat).
+        `commitments` False: the worker keeps none (benchmarks of their cost only)."""
         if not binary.is_file():
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
@@ -77,6 +78,7 @@ class WorkerProcess:
                      f"--node_id={node_id}", f"--tracker_key={tracker_key.hex()}"]
         self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]
         self._cmd += [f"--cheat={cheat}"] if cheat else []
+        self._cmd += [] if commitments else ["--commitments=0"]
         self._node_key = node_key
         self._cert = tls[0].read_bytes() if tls else None
         self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this process

@@ -247,7 +247,8 @@ class LocalSwarm:
                  node_hosts: Sequence[str] = (), node_prefixes: Sequence[Sequence[str]] = (),
                  max_kv_tokens: Optional[int] = None, insecure: bool = False, ban_seconds: float = 30.0,
                  max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False,
-                 node_advertise: Sequence[str] = (), node_ggufs: Sequence[Path] = ()) -> None:
+                 node_advertise: Sequence[str] = (), node_ggufs: Sequence[Path] = (), node_args: Sequence[str] = (),
+                 audit_rate: Optional[float] = None) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
         namespaces; by default every process is on loopback. `node_ggufs` (one per cut) are
         byte-identical copies of `gguf` each node reads instead, so nodes share no page cache, as
@@ -255,7 +256,8 @@ class LocalSwarm:
         cut) is the address each node registers instead of its own (a delay proxy in front of
         it; see NodeProcess.port for the bound one). `insecure`: plaintext links.
         `ban_seconds`/`max_ban_seconds`: how long the tracker avoids a node reported failed.
-        `http`: the tracker serves /metrics and /status; `node_metrics`: every node serves /metrics."""
+        `http`: the tracker serves /metrics and /status; `node_metrics`: every node serves /metrics.
+        `node_args`: more flags for every node; `audit_rate`: the tracker's (ADR 0008)."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
@@ -263,8 +265,8 @@ class LocalSwarm:
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
         self.tracker = TrackerProcess(workdir, [certify(gguf, model, backend)], lease_seconds=lease_seconds, host=host,
                                       insecure=insecure, ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds,
-                                      http=http)
-        self.insecure, self.node_metrics = insecure, node_metrics
+                                      http=http, audit_rate=audit_rate)
+        self.insecure, self.node_metrics, self.node_args = insecure, node_metrics, list(node_args)
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
         self.node_advertise, self.node_ggufs = list(node_advertise), list(node_ggufs)
@@ -290,7 +292,8 @@ class LocalSwarm:
         node = NodeProcess(self.workdir, self.tracker, gguf or self.gguf, self.model, layers, name, backend=self.backend,
                            max_sessions=self.max_sessions, threads=self.threads, worker_binary=self.worker_binary,
                            host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens,
-                           metrics=self.node_metrics, advertise=advertise, extra_args=extra_args).launch()
+                           metrics=self.node_metrics, advertise=advertise,
+                           extra_args=[*self.node_args, *extra_args]).launch()
         self.nodes[node.node_id] = node
         self.ids[name] = node.node_id
         return node.wait_ready() if wait else node
