@@ -7,7 +7,7 @@
 //   [--max_prefill_chunk=N] [--queue=N] [--batch_window_us=US] [--idle_seconds=S] [--unified_kv=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
-//   [--parent_pid=PID] [--commitments=0|1] [--cheat=noise:F|garbage|forge_tokens]   (--cheat: tests only)
+//   [--parent_pid=PID] [--commitments=0|1] [--cheat=noise:F|garbage|forge_tokens|skip_layer]   (--cheat: tests only)
 // Route tickets are verified with the tracker's key (docs/adr/0003-identities-and-route-
 // tickets.md); the shard service is served over TLS with the given certificate, or plaintext
 // only with --insecure=1 (which also dials downstream hops in plaintext). Exits 2 on a missing
@@ -20,7 +20,8 @@
 // $MESHNET_NODE_KEY (64 hex digits: the node's Ed25519 private key) signs the commitments that
 // audits read (docs/adr/0008-verified-outputs.md). --cheat makes a cheating worker for tests of
 // those audits (--commitments=0 keeps none: benchmarks of their cost only): it perturbs (noise:F of each row's RMS) or replaces (garbage) the hidden rows it
-// hands on, or forges the tokens it samples (forge_tokens), and commits to what it sends.
+// hands on, forges the tokens it samples (forge_tokens), or runs its range without one of its
+// layers (skip_layer), and commits to what it sends.
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 #include <sys/prctl.h>
@@ -129,6 +130,20 @@ int main(int argc, char** argv) {
     options.model.layer_start = std::atoi(layers.substr(0, colon).c_str());
     options.model.layer_end = std::atoi(layers.substr(colon + 1).c_str());
   }
+  // What the tracker registered, which tickets name; the engine loads the same range unless the
+  // test-only skip_layer cheat leaves one layer out (the first of a later range, else the last).
+  const int registered_start = options.model.layer_start, registered_end = options.model.layer_end;
+  if (flags.count("cheat") && flags["cheat"] == "skip_layer") {
+    if (!flags.count("layers") || registered_end - registered_start < 2) {
+      std::cerr << "worker: --cheat=skip_layer needs --layers=A:B with at least two layers\n";
+      return 2;
+    }
+    if (registered_start > 0) {
+      options.model.layer_start = registered_start + 1;
+    } else {
+      options.model.layer_end = registered_end - 1;
+    }
+  }
   const int max_sessions = Int(flags, "max_sessions", 8);
   options.context.n_seq = max_sessions;
   options.context.n_ctx = Int(flags, "n_ctx", 4096);
@@ -152,8 +167,9 @@ int main(int argc, char** argv) {
   meshnet::worker::ServiceOptions service_options;
   service_options.node_id = flags["node_id"];
   service_options.tracker_key = tracker_key;
-  service_options.layer_start = static_cast<uint32_t>(scheduler->layer_start());
-  service_options.layer_end = static_cast<uint32_t>(scheduler->layer_end());
+  service_options.layer_start = static_cast<uint32_t>(registered_start);
+  service_options.layer_end =
+      static_cast<uint32_t>(registered_end > 0 ? registered_end : scheduler->layer_end());
   service_options.compression = Int(flags, "compression", 0) != 0;
   // The node's token for TakeWork comes through the environment, never argv (world-readable).
   if (const char* token = std::getenv("MESHNET_SUPERVISOR_TOKEN")) {
@@ -178,11 +194,13 @@ int main(int argc, char** argv) {
       service_options.cheat.mode = Mode::kGarbage;
     } else if (cheat == "forge_tokens") {
       service_options.cheat.mode = Mode::kForgeTokens;
+    } else if (cheat == "skip_layer") {
+      // the engine was opened without one layer of the range (above); nothing more to do here
     } else if (cheat.rfind("noise:", 0) == 0 && std::atof(cheat.c_str() + 6) > 0) {
       service_options.cheat.mode = Mode::kNoise;
       service_options.cheat.noise = static_cast<float>(std::atof(cheat.c_str() + 6));
     } else {
-      std::cerr << "worker: --cheat must be noise:FRACTION, garbage or forge_tokens\n";
+      std::cerr << "worker: --cheat must be noise:FRACTION, garbage, forge_tokens or skip_layer\n";
       return 2;
     }
     std::cerr << "worker: TEST ONLY: this worker cheats (" << cheat << ")\n";

@@ -1,8 +1,8 @@
 """Issue 17: audits of live sessions on a 3-node GGUF swarm. Each hop's worker commits to what
 it received and handed on; an audit (the tracker's ticket, the node's signature) fetches that,
 replays the session on the whole model and blames the first hop it refutes. Honest sessions
-pass; a worker that adds noise, sends garbage, forges tokens or serves a cheaper quantization is
-named as the culprit. The tolerance is the calibrated one (docs/evidence/verification/)."""
+pass; a worker that adds noise, sends garbage, forges tokens, skips a layer of its range or serves a
+cheaper quantization is named as the culprit. The tolerance is the calibrated one (docs/evidence/verification/)."""
 
 from __future__ import annotations
 
@@ -128,6 +128,8 @@ def q4_0(gguf, tmp_path_factory) -> Path:
     ((10, 20), ["--cheat", "noise:1.0"]),
     ((10, 20), ["--cheat", "garbage"]),
     ((20, 30), ["--cheat", "forge_tokens"]),
+    ((10, 20), ["--cheat", "skip_layer"]),
+    ((20, 30), ["--cheat", "skip_layer"]),
     ((10, 20), "q4_0"),
 ])
 def test_a_cheating_hop_is_named_by_the_audit(swarm, tokenizer, replayer, tolerance, q4_0, layers, cheat):

@@ -5,7 +5,8 @@ routed again, shown as such in the coverage) with its credit for the audited ses
 - Honest: a 3-node swarm with a replica per range, every closed session audited (rate 1.0, so
   the test needs dozens of sessions, not hundreds), at least 1,000 positions checked, no hop
   refuted, nobody quarantined.
-- Each cheating worker (noise, garbage, forged tokens, Q4_0 served as the certified Q4_1), at a
+- Each cheating worker (noise, garbage, forged tokens, a skipped layer, Q4_0 served as the
+  certified Q4_1), at a
   5% audit rate with seed 7: quarantined by the first audited session that routed through it
   (AUDITS_TO_QUARANTINE = 1), and that session's credit withheld."""
 
@@ -118,7 +119,8 @@ def test_each_cheat_is_quarantined_by_its_first_audited_session(gguf, tokenizer,
                                                                  tmp_path):
     swarm = swarm_with(tmp_path, gguf, rate=0.05, seed=7, replicas=False)
     cheats = [((10, 20), ["--cheat", "noise:1.0"]), ((10, 20), ["--cheat", "garbage"]),
-              ((20, 30), ["--cheat", "forge_tokens"]), ((10, 20), ["--cheat-serve-gguf", str(q4_0)])]
+              ((20, 30), ["--cheat", "forge_tokens"]), ((10, 20), ["--cheat", "skip_layer"]),
+              ((10, 20), ["--cheat-serve-gguf", str(q4_0)])]
     outcomes = {}
     try:
         for n, (layers, flags) in enumerate(cheats):

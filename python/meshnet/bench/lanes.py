@@ -268,8 +268,12 @@ class Bench:
         if not options.commitments:
             notes.append("workers keep no commitments (--no-commitments) and the tracker audits nothing")
         if options.verifier is not None:
+            audits = result.get("audits", {})
             notes.append(f"audits: the tracker samples {options.audit_rate:.0%} of closed route sessions; the verifier "
-                         f"role ran on this machine and reported {result.get('audits', 0)} audits during the lane")
+                         f"role ran on this machine and reported {audits.get('audits', 0)} audits during the lane "
+                         f"(replay {audits.get('verifier_ms_per_audited_token')} ms per audited token; signed "
+                         f"commitments {audits.get('commitment_bytes_per_position_per_hop')} bytes per position per "
+                         "hop, kept in each worker's memory, never sent on the data path)")
         return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
                 "peak_rss_bytes": sum(n["peak_rss_bytes"] for n in nodes), "kv_bytes": sum(n["kv_bytes"] for n in nodes),
                 "notes": notes}

@@ -188,7 +188,7 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend
             with Verifying(swarm, gguf, options.verifier) as verifying:
                 result = _measure(swarm, prompts, cells, tokens, progress, options, len(cuts), startup_s)
             if options.verifier is not None:
-                result["audits"] = verifying.reported
+                result["audits"] = verifying.stats.summary()
             return result
     finally:
         for proxy in proxies:
@@ -205,6 +205,7 @@ class Verifying:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.reported = 0
+        self.stats: Optional[object] = None  # a VerifierStats once running
 
     def __enter__(self) -> "Verifying":
         if self._verifier is not None:
@@ -214,10 +215,12 @@ class Verifying:
             replayers = (audit.Replayer(binary, self._gguf, threads=1), audit.Replayer(binary, self._gguf, threads=2))
             tolerance = commitment.tolerance_from_calibration(calibration)
             client = self._swarm.tracker.client("verifier")
+            self.stats = verifier.VerifierStats()
 
             def run() -> None:
                 with client:
-                    self.reported = verifier.serve_audits(client, replayers, tolerance, 16, self._stop, 0.5)
+                    self.reported = verifier.serve_audits(client, replayers, tolerance, 16, self._stop, 0.5,
+                                                          stats=self.stats)
 
             self._thread = threading.Thread(target=run, name="verifier", daemon=True)
             self._thread.start()

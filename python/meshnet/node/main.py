@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relay-tls-key", type=Path, help="its key")
     parser.add_argument("--no-commitments", action="store_true", help="BENCHMARKS ONLY: keep no commitments (such a "
                         "node cannot be audited; ADR 0008)")
-    parser.add_argument("--cheat", help="TESTS ONLY: a cheating worker (noise:F, garbage, forge_tokens) that audits "
+    parser.add_argument("--cheat", help="TESTS ONLY: a cheating worker (noise:F, garbage, forge_tokens, skip_layer) that audits "
                         "must catch (ADR 0008)")
     parser.add_argument("--cheat-serve-gguf", type=Path, help="TESTS ONLY: the worker loads this GGUF (e.g. a cheaper "
                         "quantization) while the node registers --gguf's fingerprints")

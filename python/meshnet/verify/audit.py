@@ -6,8 +6,9 @@ key over "meshnet-audit-v1\\0" || AuditBody). `fetch` reads a hop's commitments 
 TLS channel and checks the node's signature against its registered key before anything in them
 is used. `Replayer` recomputes a session as a trusted verifier node would: the whole certified
 model, the route's ranges, one teacher-forced prefill (//cpp/engine:dump_boundaries). `judge`
-compares, at `positions` sampled positions per hop, each hop's output with the replay and each
-hop's input with what its upstream committed to sending, and blames the first hop (in route
+compares, at `positions` random positions per hop, each hop's output with the replay and each
+hop's input with what its upstream committed to sending, and at `positions` random positions
+the last hop sampled from, its tokens with the replay's logits, and blames the first hop (in route
 order) that is refuted: downstream hops of a cheat are refuted too, as a consequence.
 """
 
@@ -151,8 +152,9 @@ def judge(hops: Sequence[HopCommitments], replay: dict, tol: cm.Tolerance, posit
             if not same.all():  # the upstream sent other rows than it committed to (or this hop lies)
                 findings.append(Finding(hops[i - 1].node_id, "input", tuple(map(int, pick[~same])),
                                         f"{hop.node_id} received other rows than {hops[i - 1].node_id} committed to"))
-        if hop.sampled is not None:
-            rows = pick[hop.sampled.tokens[pick] >= 0]
+        if hop.sampled is not None:  # positions a token was sampled from, drawn among those
+            sampled_at = np.flatnonzero(hop.sampled.tokens[:n] >= 0)
+            rows = np.sort(rng.choice(sampled_at, size=min(positions, len(sampled_at)), replace=False))
             if len(rows):
                 sampled = cm.TokenCommitment(hop.sampled.tokens[rows], hop.sampled.logits[rows])
                 greedy = hop.temperature == 0

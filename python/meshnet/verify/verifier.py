@@ -14,9 +14,11 @@ as passed with the reason in the evidence. Logs are JSON lines on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -35,8 +37,26 @@ from meshnet.wire.status import StatusCode
 INCONCLUSIVE = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND)
 
 
+@dataclasses.dataclass
+class VerifierStats:
+    """What the audits run so far cost (for the bench's audited lane)."""
+
+    audits: int = 0
+    replayed_tokens: int = 0
+    replay_seconds: float = 0.0  # wall time of the replays (the first; a confirming one is extra)
+    commitment_bytes: int = 0  # signed commitment bodies fetched, all hops
+    committed_positions: int = 0  # positions those bodies covered, all hops
+
+    def summary(self) -> dict:
+        per_token = self.replay_seconds / self.replayed_tokens if self.replayed_tokens else None
+        per_position = self.commitment_bytes / self.committed_positions if self.committed_positions else None
+        return {"audits": self.audits, "verifier_ms_per_audited_token": per_token and round(per_token * 1000, 3),
+                "commitment_bytes_per_position_per_hop": per_position and round(per_position, 1)}
+
+
 def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
-              positions: int, seed: int) -> tt.ReportAuditRequest:
+              positions: int, seed: int, stats: Optional[VerifierStats] = None) -> tt.ReportAuditRequest:
+    stats = stats if stats is not None else VerifierStats()
     fetched = []
     for hop, ticket in zip(job.hops, job.tickets):
         node = hop.node
@@ -51,7 +71,14 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
                 {"inconclusive": f"{node.node_id} answered {err.code().name}: {err.details()}"}))
     tokens = audit.session_tokens(fetched)
     layers = [h.layers for h in fetched]
-    verdict = audit.judge(fetched, replayers[0].replay(tokens, layers), tol, positions, np.random.default_rng(seed))
+    started = time.perf_counter()
+    replay = replayers[0].replay(tokens, layers)
+    stats.audits += 1
+    stats.replay_seconds += time.perf_counter() - started
+    stats.replayed_tokens += len(tokens)
+    stats.commitment_bytes += sum(h.signed_bytes for h in fetched)
+    stats.committed_positions += sum(h.positions for h in fetched)
+    verdict = audit.judge(fetched, replay, tol, positions, np.random.default_rng(seed))
     evidence: dict = {"findings": [f.__dict__ for f in verdict.findings], "tokens": len(tokens)}
     if not verdict.passed:  # confirm on a second replay before blaming anyone
         second = audit.judge(fetched, replayers[1].replay(tokens, layers), tol, positions, np.random.default_rng(seed))
@@ -64,8 +91,8 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
 
 def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
                  positions: int, stop: threading.Event, poll_seconds: float = 1.0,
-                 seed: Optional[int] = None) -> int:
-    """Runs audits until `stop`; how many were reported."""
+                 seed: Optional[int] = None, stats: Optional[VerifierStats] = None) -> int:
+    """Runs audits until `stop`; how many were reported (`stats`, if given, adds up their cost)."""
     reported = 0
     while not stop.is_set():
         try:
@@ -79,7 +106,7 @@ def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.
             continue
         job = reply.job
         try:
-            report = run_audit(job, replayers, tol, positions, seed if seed is not None else job.audit_id)
+            report = run_audit(job, replayers, tol, positions, seed if seed is not None else job.audit_id, stats)
         except (audit.AuditError, grpc.RpcError) as err:
             log("audit_failed_to_run", audit_id=job.audit_id, error=str(err))
             continue  # the tracker hands it out again after its report deadline
