@@ -41,8 +41,9 @@ def wan_lane_names(delay_ms: int) -> tuple[str, ...]:
 SYNTHETIC_LANES = ("synthetic_1b_llama_cpp_single_process", "synthetic_1b_gguf_ring_1_node",
                    "synthetic_1b_gguf_ring_3_nodes", "synthetic_1b_reference_route_3_nodes")
 # Issue 17: the ring with audits at 5% (commitments kept, the verifier role running on this
-# machine) against no commitments and no audits.
-AUDIT_LANES = ("gguf_ring_3_nodes_unaudited", "gguf_ring_3_nodes_audited")
+# machine) against no commitments and no audits; and every session audited, the verifier's
+# worst case here (a lane's few sessions seldom draw a 5% audit), which also measures its cost.
+AUDIT_LANES = ("gguf_ring_3_nodes_unaudited", "gguf_ring_3_nodes_audited", "gguf_ring_3_nodes_audited_all")
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
          "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
@@ -60,6 +61,8 @@ LABELS = {
     "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
     "gguf_ring_3_nodes_unaudited": "GGUF route, {k} nodes, ring decode, no commitments, no audits",
     "gguf_ring_3_nodes_audited": "GGUF route, {k} nodes, ring decode, audits at 5% (verifier on this machine)",
+    "gguf_ring_3_nodes_audited_all": "GGUF route, {k} nodes, ring decode, every session audited (verifier on this "
+                                     "machine)",
     **{f"wan_{d}ms_gguf_ring_3_nodes": f"GGUF route, {{k}} nodes, ring decode, {d} ms one-way per link (delay proxy)"
        for d in WAN_DELAYS_MS},
     **{f"wan_{d}ms_llama_cpp_rpc_3": f"llama.cpp RPC over {{k}} rpc-servers, {d} ms one-way per link (delay proxy)"
@@ -240,7 +243,8 @@ class Bench:
                                f"{'-plaintext' if options.insecure else ''}{'-ring' if options.ring else ''}"
                                f"{f'-delay{options.delay_ms:g}' if options.delay_ms is not None else ''}"
                                f"{f'-spec{options.speculate}' if options.speculate else ''}"
-                               f"{'' if options.commitments else '-nocommit'}{'-verifier' if options.verifier else ''}"
+                               f"{'' if options.commitments else '-nocommit'}"
+                               f"{f'-audit{options.audit_rate:g}' if options.verifier else ''}"
                                f"-p{min(prompts)}")
         result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts,
                                       self.grid(list(prompts), concurrency),
@@ -346,6 +350,9 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "gguf_ring_3_nodes_audited": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                          options=RouteOptions(ring=True, audit_rate=0.05,
                                                                               verifier=bench.verifier_tools())),
+        "gguf_ring_3_nodes_audited_all": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                             options=RouteOptions(ring=True, audit_rate=1.0,
+                                                                                  verifier=bench.verifier_tools())),
         "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
         "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
         "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),
