@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -147,11 +148,19 @@ def test_each_cheat_is_quarantined_by_its_first_audited_session(gguf, tokenizer,
             audit_pending(swarm, replayers, tolerance)  # that session may be drawn too
             cheater.stop()
             outcomes["q4_0" if "--cheat-serve-gguf" in flags else flags[-1]] = {"sessions": sessions, "audited": audited}
+        swarm.stop()  # every node flushes its last work report
         ledger = Ledger(swarm.tracker.db)
         try:
             failed = [a for a in ledger.audits() if not a["passed"]]
             assert {a["culprit"] for a in failed} == ledger.quarantined()
             assert len(ledger.quarantined()) == len(cheats)
+            credited = {t.node_id: t.prefill_tokens + t.decode_tokens for t in ledger.totals()}
+            raw = dict(sqlite3.connect(str(swarm.tracker.db)).execute(
+                "SELECT node_id, SUM(prefill_tokens + decode_tokens) FROM work GROUP BY node_id").fetchall())
+            for culprit in ledger.quarantined():
+                withheld = ledger.withheld_tokens(culprit)
+                assert withheld > 0, f"the audited session's work of {culprit} never reached the ledger"
+                assert credited.get(culprit, 0) == raw[culprit] - withheld
         finally:
             ledger.close()
         print("cheats:", json.dumps(outcomes))

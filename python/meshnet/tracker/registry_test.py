@@ -145,6 +145,28 @@ def test_a_relayed_node_is_routed_only_where_no_direct_one_is_cheaper(registry):
     assert route.hops[0].node.address == "10.0.0.1:41000" and route.hops[0].node.relay == "10.0.0.1:7700"
 
 
+def test_a_quarantined_node_is_never_routed_and_shows_as_such(clock):
+    closed = []
+    registry = Registry([MODEL], lease_seconds=10, clock=clock, quarantined=[nid("old-cheat")],
+                        on_close=lambda route, model, hops: closed.append((route, model, hops)))
+    for name in ("old-cheat", "cheat", "honest"):
+        register(registry, name, 0, 30)
+    route = open_route(registry)
+    assert route_names(route)[0][0] in ("cheat", "honest")
+    assert registry.close_route(route.session, CLIENT.public_key).ok
+    assert closed == [(route.session, "smol", route.hops)]  # the audit hook sees the closed route
+    registry.quarantine(nid("cheat"))
+    for _ in range(3):
+        reply = open_route(registry)
+        assert route_names(reply) == [("honest", 0, 30)]
+        registry.close_route(reply.session, CLIENT.public_key)
+    coverage = registry.coverage("smol")
+    assert set(coverage.quarantined_node_ids) == {nid("old-cheat"), nid("cheat")}
+    assert all(nid("cheat") not in layer.node_ids for layer in coverage.layers)
+    states = {n.node_id: n.state for n in registry.snapshot().nodes}
+    assert states[nid("cheat")] == "quarantined" and states[nid("honest")] == "routable"
+
+
 def test_dark_nodes_are_never_routed(registry):
     register(registry, "q", 0, 30, architecture="qwen3")
     reply = open_route(registry)

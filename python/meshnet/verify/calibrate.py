@@ -36,6 +36,7 @@ import numpy as np
 
 from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.verify import commitment as cm
+from meshnet.verify import curves
 
 CHAIN = "0:10,10:20,20:30"
 SKIP_LAYER_CHAIN = "0:10,10:15,16:20,20:30"  # hop 1 leaves layer 15 out; its output is boundary 2
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     report["distributions"] = {"honest": distributions(honest["evaluation"] + honest["calibration"]),
                                **{name: distributions(figs) for name, figs in cheats.items()}}
     (args.out / "calibration.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
+    curves.plot(report, args.out / "detection.png")
     print(json.dumps({k: v for k, v in report.items() if k != "distributions"}, indent=1, default=float))
     return 0
 
