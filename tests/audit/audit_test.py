@@ -7,7 +7,6 @@ cheaper quantization is named as the culprit. The tolerance is the calibrated on
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,8 @@ from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.identity.keys import Identity
 from meshnet.identity.tls import pinned_channel
 from meshnet.swarm.local import LocalSwarm
-from meshnet.verify import audit, commitment
+from meshnet.verify import audit
+from audit_cases import gguf, q4_0, replayers, tokenizer, tolerance  # noqa: F401 (fixtures)
 from route_cases import PROMPTS
 
 TOKENS = 32
@@ -26,32 +26,10 @@ CUTS = [(0, 10), (10, 20), (20, 30)]
 
 
 @pytest.fixture(scope="module")
-def gguf() -> Path:
-    return Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
-
-
-@pytest.fixture(scope="module")
 def swarm(gguf, tmp_path_factory):
     with LocalSwarm(tmp_path_factory.mktemp("audit"), gguf, CUTS, backend="gguf",
                     worker_binary=Path(os.environ["MESHNET_WORKER_BINARY"])) as swarm:
         yield swarm
-
-
-@pytest.fixture(scope="module")
-def tokenizer(gguf):
-    from meshnet.gateway.tokenizer import GgufTokenizer
-
-    return GgufTokenizer.from_gguf(gguf)
-
-
-@pytest.fixture(scope="module")
-def replayer(gguf):
-    return audit.Replayer(Path(os.environ["MESHNET_DUMP_BOUNDARIES"]), gguf)
-
-
-@pytest.fixture(scope="module")
-def tolerance():
-    return commitment.tolerance_from_calibration(os.environ["MESHNET_CALIBRATION"])
 
 
 def generate(swarm, tokenizer, prompt: str):
@@ -67,7 +45,7 @@ def generate(swarm, tokenizer, prompt: str):
     return tokens, route
 
 
-def audit_route(swarm, route, replayer, tolerance, positions=16, seed=0) -> audit.Verdict:
+def audit_route(swarm, route, replayers, tolerance, positions=16, seed=0) -> audit.Verdict:
     tracker_key = Identity.load_or_create(swarm.tracker.ticket_key)
     fetched = []
     for hop in route["hops"]:
@@ -75,15 +53,15 @@ def audit_route(swarm, route, replayer, tolerance, positions=16, seed=0) -> audi
                                     hop.node.node_id)
         with pinned_channel(hop.node.address, hop.node.tls_certificate.encode()) as channel:
             fetched.append(audit.fetch(channel, ticket, hop.node.public_key))
-    replay = replayer.replay(audit.session_tokens(fetched), [h.layers for h in fetched])
+    replay = replayers[0].replay(audit.session_tokens(fetched), [h.layers for h in fetched])
     return audit.judge(fetched, replay, tolerance, positions, np.random.default_rng(seed))
 
 
-def test_honest_sessions_pass_every_checked_position(swarm, tokenizer, replayer, tolerance):
+def test_honest_sessions_pass_every_checked_position(swarm, tokenizer, replayers, tolerance):
     checked = 0
     for prompt in PROMPTS:
         _, route = generate(swarm, tokenizer, prompt)
-        verdict = audit_route(swarm, route, replayer, tolerance, positions=1000)
+        verdict = audit_route(swarm, route, replayers, tolerance, positions=1000)
         assert verdict.passed, verdict.findings
         checked += verdict.checked_positions
     assert checked >= 300
@@ -116,14 +94,6 @@ def test_commitments_need_the_tracker_s_ticket_for_that_node(swarm, tokenizer):
                                                     first.node_id), second.public_key)
 
 
-@pytest.fixture(scope="module")
-def q4_0(gguf, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("q4_0") / "q4_0.gguf"
-    subprocess.run([os.environ["MESHNET_QUANTIZE"], "--allow-requantize", str(gguf), str(out), "Q4_0"], check=True,
-                   capture_output=True)
-    return out
-
-
 @pytest.mark.parametrize("layers,cheat", [
     ((10, 20), ["--cheat", "noise:1.0"]),
     ((10, 20), ["--cheat", "garbage"]),
@@ -132,7 +102,7 @@ def q4_0(gguf, tmp_path_factory) -> Path:
     ((20, 30), ["--cheat", "skip_layer"]),
     ((10, 20), "q4_0"),
 ])
-def test_a_cheating_hop_is_named_by_the_audit(swarm, tokenizer, replayer, tolerance, q4_0, layers, cheat):
+def test_a_cheating_hop_is_named_by_the_audit(swarm, tokenizer, replayers, tolerance, q4_0, layers, cheat):
     honest_id = swarm.ids[f"node-{CUTS.index(layers)}"]
     swarm.nodes[honest_id].stop()  # the cheater is the only node for its range
     extra = ["--cheat-serve-gguf", str(q4_0)] if cheat == "q4_0" else cheat
@@ -141,7 +111,7 @@ def test_a_cheating_hop_is_named_by_the_audit(swarm, tokenizer, replayer, tolera
     try:
         _, route = generate(swarm, tokenizer, PROMPTS[1])
         assert cheater.node_id in [h.node.node_id for h in route["hops"]]
-        verdict = audit_route(swarm, route, replayer, tolerance)
+        verdict = audit_route(swarm, route, replayers, tolerance)
         assert not verdict.passed and verdict.culprit == cheater.node_id, verdict.findings
     finally:
         cheater.stop()

@@ -15,44 +15,20 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
 from pathlib import Path
 
-import pytest
 
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.swarm.local import LocalSwarm
 from meshnet.tracker.ledger import Ledger
-from meshnet.verify import audit, commitment, verifier
+from meshnet.verify import verifier
+from audit_cases import gguf, q4_0, replayers, tokenizer, tolerance  # noqa: F401 (fixtures)
 from route_cases import MORE_PROMPTS, PROMPTS
 
 CUTS = [(0, 10), (10, 20), (20, 30)]
 TOKENS = 12
 AUDITS_TO_QUARANTINE = 1
 MAX_SESSIONS_PER_CHEAT = 200  # at 5%, P(no audit in 200 sessions) = 0.95^200 < 4e-5
-
-
-@pytest.fixture(scope="module")
-def gguf() -> Path:
-    return Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(gguf):
-    from meshnet.gateway.tokenizer import GgufTokenizer
-
-    return GgufTokenizer.from_gguf(gguf)
-
-
-@pytest.fixture(scope="module")
-def replayers(gguf):
-    binary = Path(os.environ["MESHNET_DUMP_BOUNDARIES"])
-    return audit.Replayer(binary, gguf, threads=2), audit.Replayer(binary, gguf, threads=1)
-
-
-@pytest.fixture(scope="module")
-def tolerance():
-    return commitment.tolerance_from_calibration(os.environ["MESHNET_CALIBRATION"])
 
 
 def swarm_with(tmp: Path, gguf: Path, rate: float, seed: int, replicas: bool) -> LocalSwarm:
@@ -106,14 +82,6 @@ def test_an_honest_swarm_with_replicas_passes_1000_audited_positions(gguf, token
         print(f"honest: {sessions} sessions audited, {checked} positions checked, 0 refuted")
     finally:
         swarm.stop()
-
-
-@pytest.fixture(scope="module")
-def q4_0(gguf, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("q4_0") / "q4_0.gguf"
-    subprocess.run([os.environ["MESHNET_QUANTIZE"], "--allow-requantize", str(gguf), str(out), "Q4_0"], check=True,
-                   capture_output=True)
-    return out
 
 
 def test_each_cheat_is_quarantined_by_its_first_audited_session(gguf, tokenizer, replayers, tolerance, q4_0,

@@ -18,6 +18,8 @@ import subprocess
 import time
 from typing import Optional
 
+from meshnet.swarm import netns
+
 SUBNET = "10.79.0"
 BRIDGE = "mhbr"
 NAT_RULES = """
@@ -29,10 +31,6 @@ table inet meshnet_nat {
   }
 }
 """
-
-
-def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, check=check)
 
 
 class Host:
@@ -79,28 +77,17 @@ class Topology:
         self.teardown()
 
     def _setup(self) -> None:
-        _run("ip", "link", "add", BRIDGE, "type", "bridge")
-        _run("ip", "addr", "add", f"{self.operator_ip}/24", "dev", BRIDGE)
-        _run("ip", "link", "set", BRIDGE, "up")
+        netns.add_bridge(BRIDGE, f"{self.operator_ip}/24")
         for host in self.hosts.values():
-            inner = f"{host.veth}p"
-            _run("ip", "netns", "add", host.namespace)
-            _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", inner)
-            _run("ip", "link", "set", inner, "netns", host.namespace)
-            _run("ip", "link", "set", host.veth, "master", BRIDGE)
-            _run("ip", "link", "set", host.veth, "up")
-            _run("ip", "-n", host.namespace, "addr", "add", f"{host.ip}/24", "dev", inner)
-            _run("ip", "-n", host.namespace, "link", "set", inner, "up")
-            _run("ip", "-n", host.namespace, "link", "set", "lo", "up")
+            netns.add_host(host.namespace, host.veth, f"{host.veth}p", f"{host.ip}/24", BRIDGE)
             if host.nat:
                 subprocess.run([*host.prefix, "nft", "-f", "-"], input=NAT_RULES, text=True, check=True,
                                capture_output=True)
 
     def teardown(self) -> None:
         for host in self.hosts.values():
-            _run("ip", "link", "del", host.veth, check=False)
-            _run("ip", "netns", "del", host.namespace, check=False)
-        _run("ip", "link", "del", BRIDGE, check=False)
+            netns.remove_host(host.namespace, host.veth)
+        netns.ip("link", "del", BRIDGE, check=False)
 
     def connects(self, source: str, address: str, timeout: float = 2.0) -> bool:
         """Whether a TCP connection from host `source` to host:port opens."""

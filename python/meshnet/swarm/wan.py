@@ -17,12 +17,10 @@ import shutil
 import subprocess
 from typing import Optional
 
+from meshnet.swarm import netns
+
 SUBNET = "10.77.0"
 BRIDGE = "mnwanbr"
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
 class WanLink:
@@ -64,20 +62,11 @@ class WanLink:
         self.teardown()
 
     def _setup(self) -> None:
-        _ip("link", "add", BRIDGE, "type", "bridge")
-        _ip("addr", "add", f"{self.host}/24", "dev", BRIDGE)
-        _ip("link", "set", BRIDGE, "up")
+        netns.add_bridge(BRIDGE, f"{self.host}/24")
         netem = True
         for i, ns in enumerate(self.namespaces):
-            outer, inner = f"mnwanv{i}", f"mnwanp{i}"
-            _ip("netns", "add", ns)
-            _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-            _ip("link", "set", inner, "netns", ns)
-            _ip("link", "set", outer, "master", BRIDGE)
-            _ip("link", "set", outer, "up")
-            _ip("-n", ns, "addr", "add", f"{self.node_host(i)}/24", "dev", inner)
-            _ip("-n", ns, "link", "set", inner, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+            inner = f"mnwanp{i}"
+            netns.add_host(ns, f"mnwanv{i}", inner, f"{self.node_host(i)}/24", BRIDGE)
             if self.rate_mbit:
                 netem = netem and self._shape(ns, inner)
         if not self.rate_mbit:
@@ -103,13 +92,12 @@ class WanLink:
 
     def cut(self, i: int) -> None:
         """Node i's link goes down: nothing in or out until restore(i)."""
-        _ip("link", "set", f"mnwanv{i}", "down")
+        netns.ip("link", "set", f"mnwanv{i}", "down")
 
     def restore(self, i: int) -> None:
-        _ip("link", "set", f"mnwanv{i}", "up")
+        netns.ip("link", "set", f"mnwanv{i}", "up")
 
     def teardown(self) -> None:
         for i, ns in enumerate(self.namespaces):
-            _ip("link", "del", f"mnwanv{i}", check=False)
-            _ip("netns", "del", ns, check=False)
-        _ip("link", "del", BRIDGE, check=False)
+            netns.remove_host(ns, f"mnwanv{i}")
+        netns.ip("link", "del", BRIDGE, check=False)
