@@ -5,10 +5,10 @@ routed again, shown as such in the coverage) with its credit for the audited ses
 - Honest: a 3-node swarm with a replica per range, every closed session audited (rate 1.0, so
   the test needs dozens of sessions, not hundreds), at least 1,000 positions checked, no hop
   refuted, nobody quarantined.
-- Each cheating worker (noise, garbage, forged tokens, a skipped layer, Q4_0 served as the
-  certified Q4_1), at a
-  5% audit rate with seed 7: quarantined by the first audited session that routed through it
-  (AUDITS_TO_QUARANTINE = 1), and that session's credit withheld."""
+- Each cheating worker (noise of 10% of each row's RMS, garbage, forged tokens, a skipped layer,
+  Q4_0 served as the certified Q4_1), at a 5% audit rate with seed 7: quarantined within its
+  stated number of audited sessions (AUDITS_TO_QUARANTINE), blamed on it and no other hop, and
+  that session's credit withheld."""
 
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ from route_cases import MORE_PROMPTS, PROMPTS
 
 CUTS = [(0, 10), (10, 20), (20, 30)]
 TOKENS = 12
-AUDITS_TO_QUARANTINE = 1
-MAX_SESSIONS_PER_CHEAT = 200  # at 5%, P(no audit in 200 sessions) = 0.95^200 < 4e-5
+# Audited sessions through a cheat by which it is quarantined (the calibration's p per audited
+# session, docs/evidence/verification/: 1.0 for all but noise at 10% of the row RMS, 0.954,
+# for which 3 leave a chance of 1e-4 to miss).
+AUDITS_TO_QUARANTINE = {"noise:0.1": 3, "garbage": 1, "forge_tokens": 1, "skip_layer": 1, "q4_0": 1}
+MAX_SESSIONS_PER_CHEAT = 300  # at 5%, 3 audits are expected within 60
 
 
 def swarm_with(tmp: Path, gguf: Path, rate: float, seed: int, replicas: bool) -> LocalSwarm:
@@ -84,30 +87,32 @@ def test_an_honest_swarm_with_replicas_passes_1000_audited_positions(gguf, token
         swarm.stop()
 
 
-def test_each_cheat_is_quarantined_by_its_first_audited_session(gguf, tokenizer, replayers, tolerance, q4_0,
-                                                                 tmp_path):
+def test_each_cheat_is_quarantined_within_its_stated_audited_sessions(gguf, tokenizer, replayers, tolerance, q4_0,
+                                                                     tmp_path):
     swarm = swarm_with(tmp_path, gguf, rate=0.05, seed=7, replicas=False)
-    cheats = [((10, 20), ["--cheat", "noise:1.0"]), ((10, 20), ["--cheat", "garbage"]),
+    cheats = [((10, 20), ["--cheat", "noise:0.1"]), ((10, 20), ["--cheat", "garbage"]),
               ((20, 30), ["--cheat", "forge_tokens"]), ((10, 20), ["--cheat", "skip_layer"]),
               ((10, 20), ["--cheat-serve-gguf", str(q4_0)])]
     outcomes = {}
     try:
         for n, (layers, flags) in enumerate(cheats):
+            name = "q4_0" if "--cheat-serve-gguf" in flags else flags[-1]
+            budget = AUDITS_TO_QUARANTINE[name]
             honest = swarm.nodes[swarm.ids[f"node-{CUTS.index(layers)}"]]
             honest.stop()  # the cheater alone serves its range
             cheater = swarm.add_node(f"cheat-{n}", layers, extra_args=flags)
-            audited, sessions = 0, 0
-            while sessions < MAX_SESSIONS_PER_CHEAT:
+            audited, sessions, failed = 0, 0, []
+            while sessions < MAX_SESSIONS_PER_CHEAT and not failed and audited < budget:
                 hops = one_session(swarm, tokenizer, PROMPTS[sessions % len(PROMPTS)])
                 sessions += 1
                 assert cheater.node_id in hops
                 reports = audit_pending(swarm, replayers, tolerance)
                 audited += len(reports)
-                if reports:
-                    break
-            assert audited == AUDITS_TO_QUARANTINE, f"{flags}: no audit in {sessions} sessions"
-            [report] = reports
-            assert not report.passed and report.culprit_node_id == cheater.node_id, report.evidence
+                failed = [r for r in reports if not r.passed]
+            assert failed, f"{name}: not refuted by {audited} audited sessions ({sessions} sessions)"
+            assert audited <= budget
+            [report] = failed
+            assert report.culprit_node_id == cheater.node_id, report.evidence
             assert json.loads(report.evidence)["confirmed"] is True
             with swarm.client() as tracker:
                 assert cheater.node_id in tracker.coverage(swarm.model).quarantined_node_ids
@@ -115,7 +120,7 @@ def test_each_cheat_is_quarantined_by_its_first_audited_session(gguf, tokenizer,
             assert cheater.node_id not in one_session(swarm, tokenizer, PROMPTS[0])  # never routed again
             audit_pending(swarm, replayers, tolerance)  # that session may be drawn too
             cheater.stop()
-            outcomes["q4_0" if "--cheat-serve-gguf" in flags else flags[-1]] = {"sessions": sessions, "audited": audited}
+            outcomes[name] = {"sessions": sessions, "audited": audited}
         swarm.stop()  # every node flushes its last work report
         ledger = Ledger(swarm.tracker.db)
         try:

@@ -4,9 +4,10 @@ VERIFIER.token`: the verifier role (docs/adr/0008-verified-outputs.md).
 Takes the tracker's pending audits one at a time, fetches each hop's signed commitments with the
 audit tickets the tracker issued, replays the session on the whole certified model, checks
 `--positions` random positions per hop at the calibrated tolerance, and reports the verdict.
-Policy for a refutation: replay once more with another thread count and blame the culprit only
-when the second replay refutes the same hop (a glitch of the verifier itself must not quarantine
-anyone); a hop answering UNIMPLEMENTED (the reference backend keeps no commitments) or NOT_FOUND
+Policy for a refutation: check every position of every hop (so that blame goes to the first hop
+refuted anywhere, not to a downstream hop whose tokens a cheat upstream spoiled at positions the
+sample missed), replay once more with another thread count, and blame the culprit only when the
+second replay refutes the same hop (a glitch of the verifier itself must not quarantine anyone); a hop answering UNIMPLEMENTED (the reference backend keeps no commitments) or NOT_FOUND
 (the session left its bounded log, or its worker restarted) makes the audit inconclusive, reported
 as passed with the reason in the evidence. Logs are JSON lines on stderr.
 """
@@ -35,6 +36,7 @@ from meshnet.wire import tracker as tt
 from meshnet.wire.status import StatusCode
 
 INCONCLUSIVE = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND)
+ALL_POSITIONS = audit.MAX_POSITIONS
 
 
 @dataclasses.dataclass
@@ -52,6 +54,13 @@ class VerifierStats:
         per_position = self.commitment_bytes / self.committed_positions if self.committed_positions else None
         return {"audits": self.audits, "verifier_ms_per_audited_token": per_token and round(per_token * 1000, 3),
                 "commitment_bytes_per_position_per_hop": per_position and round(per_position, 1)}
+
+
+def findings_json(verdict: audit.Verdict, listed: int = 64) -> list[dict]:
+    """What differed, where: per finding, the count and the first `listed` positions (the
+    tracker keeps at most 64 KiB of evidence per audit)."""
+    return [{"node_id": f.node_id, "check": f.check, "refuted": len(f.positions),
+             "positions": list(f.positions[:listed]), "detail": f.detail} for f in verdict.findings]
 
 
 def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
@@ -79,14 +88,21 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
     stats.commitment_bytes += sum(h.signed_bytes for h in fetched)
     stats.committed_positions += sum(h.positions for h in fetched)
     verdict = audit.judge(fetched, replay, tol, positions, np.random.default_rng(seed))
-    evidence: dict = {"findings": [f.__dict__ for f in verdict.findings], "tokens": len(tokens)}
-    if not verdict.passed:  # confirm on a second replay before blaming anyone
-        second = audit.judge(fetched, replayers[1].replay(tokens, layers), tol, positions, np.random.default_rng(seed))
-        evidence["confirmed"] = second.culprit == verdict.culprit
+    evidence: dict = {"findings": findings_json(verdict), "tokens": len(tokens)}
+    if not verdict.passed:
+        # Blame needs every position: a cheat refuted at few positions can leave its sampled ones
+        # clean while its downstream hop's tokens, computed from its output, are refuted. The
+        # replay covers them all already; the second replay (another thread count) must agree.
+        full = audit.judge(fetched, replay, tol, ALL_POSITIONS, np.random.default_rng(seed))
+        second = audit.judge(fetched, replayers[1].replay(tokens, layers), tol, ALL_POSITIONS,
+                             np.random.default_rng(seed))
+        evidence.update(findings=findings_json(full), sampled_culprit=verdict.culprit,
+                        confirmed=second.culprit == full.culprit)
         if not evidence["confirmed"]:
             return tt.ReportAuditRequest(job.audit_id, True, "", verdict.checked_positions, json.dumps(evidence))
+        verdict = full
     return tt.ReportAuditRequest(job.audit_id, verdict.passed, verdict.culprit, verdict.checked_positions,
-                                 json.dumps(evidence)[:60_000])
+                                 json.dumps(evidence))
 
 
 def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
