@@ -46,7 +46,7 @@ class Host:
         return ["ip", "netns", "exec", self.namespace]
 
 
-class Topology:
+class Topology(netns.Namespaces):
     def __init__(self, hosts: dict[str, bool]) -> None:
         """`hosts`: name -> behind NAT (no inbound connections)."""
         self.hosts = {name: Host(name, i + 2, nat) for i, (name, nat) in enumerate(hosts.items())}
@@ -63,18 +63,6 @@ class Topology:
             if shutil.which(tool) is None:
                 return f"`{tool}` is not installed (Debian package {package}; tools/bazel installs it)"
         return None
-
-    def __enter__(self) -> "Topology":
-        self.teardown()
-        try:
-            self._setup()
-        except BaseException:
-            self.teardown()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.teardown()
 
     def _setup(self) -> None:
         netns.add_bridge(BRIDGE, f"{self.operator_ip}/24")

@@ -6,6 +6,29 @@ from __future__ import annotations
 import subprocess
 
 
+class Namespaces:
+    """A set of namespaces built on entry (after clearing leftovers of an interrupted run) and
+    removed on exit, also when building them fails. Subclasses define _setup and teardown."""
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.teardown()
+        try:
+            self._setup()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 

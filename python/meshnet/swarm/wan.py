@@ -23,7 +23,7 @@ SUBNET = "10.77.0"
 BRIDGE = "mnwanbr"
 
 
-class WanLink:
+class WanLink(netns.Namespaces):
     def __init__(self, nodes: int, delay_ms: float, rate_mbit: float) -> None:
         self.nodes, self.delay_ms, self.rate_mbit = nodes, delay_ms, rate_mbit
         self.namespaces = [f"mnwan{i}" for i in range(nodes)]
@@ -48,18 +48,6 @@ class WanLink:
 
     def prefix(self, i: int) -> list[str]:
         return ["ip", "netns", "exec", self.namespaces[i]]
-
-    def __enter__(self) -> "WanLink":
-        self.teardown()  # leftovers of an interrupted run
-        try:
-            self._setup()
-        except BaseException:
-            self.teardown()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.teardown()
 
     def _setup(self) -> None:
         netns.add_bridge(BRIDGE, f"{self.host}/24")
