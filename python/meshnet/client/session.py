@@ -245,8 +245,8 @@ class RouteClient:
             raise ValueError("empty prompt")
         started = time.perf_counter()
         delivered: list[int] = []
-        reply = self._tracker.open_route(tt.OpenRouteRequest(self._model, self._client_id,
-                                                             len(prompt_ids) + params.max_tokens))
+        reply = self._open_route(tt.OpenRouteRequest(self._model, self._client_id, len(prompt_ids) + params.max_tokens),
+                                 params.route_wait)
         while True:
             if not reply.status.ok and reply.status.retryable and reply.session is not None and reply.session.epoch > 1:
                 reply = self._await_route(reply, params.route_wait)  # a failover found no route yet
@@ -357,6 +357,21 @@ class RouteClient:
         conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.RELEASE, 1 << 62))
         conn.close()  # the release is queued ahead of the stream's end
         self._close_route(conn.route)
+
+    def _open_route(self, request: tt.OpenRouteRequest, wait: float) -> tt.RouteReply:
+        """OpenRoute, riding out a tracker that cannot be reached for up to `wait` seconds (a
+        restart: the channel refuses calls while it waits to reconnect). UNAVAILABLE is what a
+        call that could not be sent gets; should one have reached a tracker that then died, the
+        route it opened is freed when its lease lapses."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return self._tracker.open_route(request)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                log("tracker_unavailable", call="OpenRoute", error=err.details())
+                time.sleep(0.2)
 
     def _await_route(self, reply: tt.RouteReply, wait: float) -> tt.RouteReply:
         """While no route is available (retryable: replicas banned, restarting or at capacity),
