@@ -15,8 +15,6 @@ order) that is refuted: downstream hops of a cheat are refuted too, as a consequ
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -25,6 +23,7 @@ import numpy as np
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
+from meshnet.verify import boundaries
 from meshnet.verify import commitment as cm
 
 COMMITMENTS_DOMAIN = b"meshnet-commitments-v1\0"
@@ -92,17 +91,11 @@ class Replayer:
 
     def replay(self, tokens: Sequence[int], layers: Sequence[tuple[int, int]]) -> dict:
         """{"rows": [boundary rows after each non-last range], "logits": [positions, n_vocab]}."""
-        n = len(tokens)
         chain = ",".join(f"{a}:{b}" for a, b in layers)
-        with tempfile.TemporaryDirectory(prefix="meshnet-replay-") as tmp:
-            prefix = Path(tmp) / "replay"
-            proc = subprocess.run([str(self._binary), str(self._gguf), str(prefix), chain, str(n), str(self._threads),
-                                   *map(str, tokens)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise AuditError(f"replay failed: {proc.stderr.strip()[-300:]}")
-            rows = [np.fromfile(f"{prefix}.{i}.f32", dtype=np.float32).reshape(n, -1) for i in range(len(layers) - 1)]
-            logits = np.fromfile(f"{prefix}.logits.f32", dtype=np.float32).reshape(n, -1)
-        return {"rows": rows, "logits": logits}
+        try:
+            return boundaries.run_chain(self._binary, self._gguf, tokens, chain, str(len(tokens)), self._threads)
+        except boundaries.BoundariesError as err:
+            raise AuditError(f"replay failed: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)

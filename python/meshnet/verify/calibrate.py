@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.verify import boundaries
 from meshnet.verify import commitment as cm
 from meshnet.verify import curves
 
@@ -57,25 +58,17 @@ def log(**event) -> None:
 
 
 class Runner:
-    def __init__(self, dump: Path, gguf: Path, work: Path) -> None:
-        self.dump, self.gguf, self.work = dump, gguf, work
+    def __init__(self, dump: Path, gguf: Path) -> None:
+        self.dump, self.gguf = dump, gguf
         self.replay_seconds: list[tuple[float, int]] = []
 
     def run(self, tokens: list[int], chain: str, batch: str, threads: int) -> dict:
         """Boundary rows per range and the last hop's logits for one run of the sequence."""
-        n = len(tokens)
-        spec = batch.replace("N", str(n))
-        prefix = self.work / "run"
         started = time.perf_counter()
-        subprocess.run([str(self.dump), str(self.gguf), str(prefix), chain, spec, str(threads), *map(str, tokens)],
-                       check=True, capture_output=True)
-        seconds = time.perf_counter() - started
+        out = boundaries.run_chain(self.dump, self.gguf, tokens, chain, batch.replace("N", str(len(tokens))), threads)
         if batch == "N":
-            self.replay_seconds.append((seconds, n))
-        hops = chain.count(",") + 1
-        rows = [np.fromfile(f"{prefix}.{i}.f32", dtype=np.float32).reshape(n, -1) for i in range(hops - 1)]
-        logits = np.fromfile(f"{prefix}.logits.f32", dtype=np.float32).reshape(n, -1)
-        return {"rows": rows, "logits": logits}
+            self.replay_seconds.append((time.perf_counter() - started, len(tokens)))
+        return out
 
 
 def sequences(gguf: Path, greedy: Path, continuation: int, prompts: list[str]) -> list[list[int]]:
@@ -153,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         q4_0 = work / "q4_0.gguf"
         subprocess.run([str(args.quantize), "--allow-requantize", str(args.gguf.resolve()), str(q4_0), "Q4_0"],
                        check=True, capture_output=True)
-        runner = Runner(args.dump_boundaries, args.gguf.resolve(), work)
+        runner = Runner(args.dump_boundaries, args.gguf.resolve())
         seqs = sequences(args.gguf.resolve(), args.greedy, args.continuation, PROMPTS[:args.prompts])
         half = len(seqs) // 2
         honest: dict[str, list[dict]] = {"calibration": [], "evaluation": []}
