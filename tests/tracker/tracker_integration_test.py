@@ -276,3 +276,15 @@ def test_the_reachability_check_sends_an_unreachable_node_to_a_relay(tmp_path, k
     finally:
         listening.close()
         assert proc.stop() == 0
+
+
+def test_only_the_verifier_role_takes_and_reports_audits(tracker, keys):
+    with tracker.client("client") as client, tracker.client("node", keys["n0"]) as node, \
+            tracker.client("verifier") as verifier:
+        for caller in (client, node):
+            for call in (caller.take_audit, lambda: caller.report_audit(tt.ReportAuditRequest(1, False, "n"))):
+                with pytest.raises(grpc.RpcError) as caught:
+                    call()
+                assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert verifier.take_audit().status.code == StatusCode.NOT_FOUND  # nothing closed yet
+        assert verifier.report_audit(tt.ReportAuditRequest(1, True)).status.code == StatusCode.NOT_FOUND
