@@ -47,7 +47,8 @@ std::string TakeLlamaError() {
   return text;
 }
 
-// Reads general.architecture and the expert count from the GGUF header (no tensor data).
+// Reads general.architecture and the expert count from the GGUF header (no tensor data) and
+// checks them against llama.cpp's adapter table.
 bool CheckArchitecture(const std::string& path, std::string* error) {
   gguf_init_params params = {/*no_alloc=*/true, /*ctx=*/nullptr};
   gguf_context* gguf = gguf_init_from_file(path.c_str(), params);
@@ -66,14 +67,12 @@ bool CheckArchitecture(const std::string& path, std::string* error) {
     n_expert = gguf_get_val_u32(gguf, expert_key);
   }
   gguf_free(gguf);
-  if (arch != "llama") {
-    *error = "unsupported architecture '" + arch + "' in " + path +
-             ": the shard engine supports dense llama only";
-    return false;
-  }
-  if (n_expert > 0) {
-    *error = "unsupported model " + path + ": llama with " + std::to_string(n_expert) +
-             " experts (the shard engine supports dense llama only)";
+  // The one list of architectures with a layer-range adapter is the patched llama.cpp's
+  // (third_party/llama_cpp/patches/0006): a worker serves only those, whole or in part.
+  if (!llama_layer_range_supports(arch.c_str(), n_expert)) {
+    *error = "unsupported model " + path + ": architecture '" + arch + "'" +
+             (n_expert > 0 ? " with " + std::to_string(n_expert) + " experts" : "") +
+             " has no layer-range adapter (adapters: " + llama_layer_range_architectures() + ")";
     return false;
   }
   return true;
@@ -92,6 +91,7 @@ std::unique_ptr<Model> Model::Open(const ModelOptions& options, std::string* err
   params.layer_end = options.layer_end;
   params.load_mode = options.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
   params.n_gpu_layers = options.n_gpu_layers;
+  params.use_extra_bufts = options.extra_buffer_types;
   TakeLlamaError();
   llama_model* model = llama_model_load_from_file(options.path.c_str(), params);
   if (model == nullptr) {

@@ -30,11 +30,16 @@ struct llama_model;
 namespace meshnet::engine {
 
 struct ModelOptions {
-  std::string path;       // a dense llama GGUF
+  std::string path;       // a GGUF whose architecture has a layer-range adapter
   int layer_start = 0;    // first owned layer
   int layer_end = -1;     // one past the last owned layer; -1: the model's last layer
   bool use_mmap = true;   // false: read the owned tensors into allocated memory
   int n_gpu_layers = 0;   // layers offloaded to a GPU backend when one is linked (0: CPU)
+  // llama.cpp's extra CPU buffer types (weights repacked for Q4_0/Q4_K/IQ4_NL GEMM kernels).
+  // Off by default: the repacked kernels take a different path for batches of 4+ rows than for
+  // the rest, so a session's numbers would depend on where its rows fall in a mixed batch, and
+  // sessions batched together must compute exactly what each computes alone.
+  bool extra_buffer_types = false;
 };
 
 class Model {

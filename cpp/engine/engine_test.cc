@@ -400,8 +400,8 @@ TEST(EngineTest, BadRangeIsRefused) {
 }
 
 TEST(EngineTest, OtherArchitectureIsRefused) {
-  // Same tiny file with the architecture renamed is not a dense llama for the engine.
-  const std::string path = g_tiny + ".qwen3.gguf";
+  // Same tiny file with the architecture renamed to one without a layer-range adapter.
+  const std::string path = g_tiny + ".bloom.gguf";
   {
     std::FILE* in = std::fopen(g_tiny.c_str(), "rb");
     ASSERT_NE(in, nullptr);
@@ -412,7 +412,7 @@ TEST(EngineTest, OtherArchitectureIsRefused) {
     std::fclose(in);
     const size_t at = bytes.find(std::string("llama", 5));  // general.architecture value
     ASSERT_NE(at, std::string::npos);
-    bytes.replace(at, 5, "qwen3");
+    bytes.replace(at, 5, "bloom");
     std::FILE* out = std::fopen(path.c_str(), "wb");
     std::fwrite(bytes.data(), 1, bytes.size(), out);
     std::fclose(out);
@@ -421,7 +421,8 @@ TEST(EngineTest, OtherArchitectureIsRefused) {
   ModelOptions o;
   o.path = path;
   EXPECT_EQ(Model::Open(o, &error), nullptr);
-  EXPECT_NE(error.find("unsupported architecture 'qwen3'"), std::string::npos) << error;
+  EXPECT_NE(error.find("architecture 'bloom' has no layer-range adapter"), std::string::npos) << error;
+  EXPECT_NE(error.find("adapters: llama,qwen3,qwen3moe,gemma3"), std::string::npos) << error;
 }
 
 // ---- memory ----

@@ -1,4 +1,4 @@
-// The native shard worker: serves layers [layer_start, layer_end) of a dense llama GGUF over the
+// The native shard worker: serves layers [layer_start, layer_end) of a GGUF over the
 // seam protocol (meshnet.shard.v1.Shard). Started and supervised by the node.
 //
 // Usage: worker --model=PATH --node_id=ID --tracker_key=<64 hex>

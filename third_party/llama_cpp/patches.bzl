@@ -7,4 +7,8 @@ LLAMA_CPP_PATCHES = [
     "//third_party/llama_cpp:patches/0003-hidden-state-input.patch",
     "//third_party/llama_cpp:patches/0004-pre-norm-output.patch",
     "//third_party/llama_cpp:patches/0005-layer-filtered-kv.patch",
+    "//third_party/llama_cpp:patches/0006-layer-range-adapter-table.patch",
+    "//third_party/llama_cpp:patches/0007-qwen3-adapter.patch",
+    "//third_party/llama_cpp:patches/0008-qwen3moe-adapter.patch",
+    "//third_party/llama_cpp:patches/0009-gemma3-adapter.patch",
 ]

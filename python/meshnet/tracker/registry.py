@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Optional
 
 from meshnet.identity import keys
 from meshnet.recipe import fingerprint
+from meshnet.recipe.adapters import has_adapter
 from meshnet.tracker import routing
 from meshnet.tracker import snapshot as snap
 from meshnet.wire import tracker as tt
@@ -33,7 +34,6 @@ from meshnet.wire.ids import NodeId, SessionId
 from meshnet.wire.seam import RouteSession
 from meshnet.wire.status import Status, StatusCode
 
-CERTIFIED_ARCHITECTURES = frozenset({"llama"})  # architectures with a certified shard adapter
 MAX_LAYERS = 4096
 MAX_SESSIONS = 1 << 16
 MAX_KV_TOKENS = 1 << 40
@@ -144,8 +144,8 @@ class Registry:
         return tt.RegisterReply(OK, admission, reason, self.lease_ms)
 
     def _admit(self, info: tt.NodeInfo) -> tuple[tt.Admission, str]:
-        if info.architecture not in CERTIFIED_ARCHITECTURES:
-            return tt.Admission.DARK, f"architecture {info.architecture!r} has no certified adapter; registered dark"
+        if not has_adapter(info.architecture):
+            return tt.Admission.DARK, f"architecture {info.architecture!r} has no layer-range adapter; registered dark"
         model = self._models.get(info.model)
         if model is None:
             return tt.Admission.REFUSED, f"model {info.model!r} has no certified recipe on this tracker"

@@ -78,8 +78,8 @@ def route_names(reply):
 
 def test_admission(registry):
     assert register(registry, "a", 0, 30).admission == tt.Admission.ROUTABLE
-    dark = register(registry, "q", 0, 30, architecture="qwen3")
-    assert dark.admission == tt.Admission.DARK and dark.status.ok and "no certified adapter" in dark.reason
+    dark = register(registry, "q", 0, 30, architecture="bloom")
+    assert dark.admission == tt.Admission.DARK and dark.status.ok and "no layer-range adapter" in dark.reason
     bad_recipe = register(registry, "r", 0, 30, fingerprints=Fingerprints("sha256:art", "sha256:other"))
     assert bad_recipe.admission == tt.Admission.REFUSED
     assert bad_recipe.status.code == StatusCode.FINGERPRINT_MISMATCH and "recipe fingerprint" in bad_recipe.reason
