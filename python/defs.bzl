@@ -33,3 +33,13 @@ def role_library(name, deps = [], visibility = ["//visibility:public"], **kwargs
         deps = deps,
         **kwargs
     )
+
+# The native tools the certification suite runs (//python:certify and the certification tests),
+# by the flags python/meshnet/certify/main.py takes them with.
+CERTIFY_TOOLS = {
+    "--worker-binary": "//cpp/worker:worker",
+    "--greedy-binary": "//cpp/engine:greedy",
+    "--dump-logits": "//cpp/engine:dump_logits",
+    "--measure-shard": "//cpp/engine:measure_shard",
+    "--tokenize-binary": "//cpp/engine:tokenize",
+}

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 _SMOLLM2_VOCABULARY = "bundled SmolLM2-135M-Instruct"
 # The tiny fixtures draw weights from N(0, 0.1) rather than Transformers' default N(0, 0.02): at
@@ -124,7 +125,7 @@ def file_type(recipe: dict) -> str:
     return recipe["converter"].rsplit("--outtype ", 1)[1]
 
 
-def build(cache: Path, seed: int, tokenizer_gguf: Path, converter: Path, quantizer: Path,
+def build(cache: Path, seed: int, tokenizer_gguf: Path, converter: Path, quantizer: Optional[Path],
           recipe_name: str = "llama-1.1b") -> dict:
     """The record of the cached model, building it first unless a matching one is there."""
     started = time.monotonic()
@@ -154,6 +155,8 @@ def build(cache: Path, seed: int, tokenizer_gguf: Path, converter: Path, quantiz
         converted = work / f"model-{outtype}.gguf" if quantized else partial
         convert(work / "hf", converted, converter, outtype)
         if quantized:
+            if quantizer is None:
+                raise ValueError(f"recipe {recipe_name} quantizes: it needs llama-quantize")
             log(f"3/3 llama-quantize to {base['quantization']}", started)
             quantize(quantizer, converted, partial, base["quantization"], max(1, os.cpu_count() or 1))
         digest = sha256(partial)

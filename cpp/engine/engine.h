@@ -83,6 +83,12 @@ struct ContextOptions {
   // sequence (n_ctx / n_seq cells each), so a session's KV layout, and with it the exact
   // attention arithmetic, does not depend on which other sessions share the batches.
   bool unified_kv = true;
+  // ggml's reference CPU kernels (ggml_backend_cpu_set_use_ref). The optimized flash attention
+  // takes a KV-split path for a lone decode row once a sequence holds 512 cells, and a tiled one
+  // for many rows, but the per-row path whenever other sessions share the ubatch, so a session's
+  // numbers would depend on its company (seen on Gemma 3 past 512 cells). The reference kernels
+  // run the per-row path always. Costs op fusion and the tiled prefill.
+  bool reference_kernels = true;
 };
 
 // Rows of one Decode: all token rows (first shard) or all hidden rows (other shards).

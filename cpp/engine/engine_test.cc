@@ -465,61 +465,25 @@ struct Measure {
   size_t weights = 0, kv = 0, rss_base = 0, rss_load = 0, rss_prefill = 0;
 };
 
-// In a fresh process (this binary with --measure): load [start, end) with mmap off, create a
-// context, prefill 512 rows. RSS is the process's VmRSS before load, after load, after prefill.
-Measure MeasureInThisProcess(const std::string& path, int start, int end) {
-  Measure x;
-  std::string error;
-  ModelOptions o;
-  o.path = path;
-  o.layer_start = start;
-  o.layer_end = end;
-  o.use_mmap = false;  // read the owned tensors into memory: RSS follows the range
-  x.rss_base = CurrentRssBytes();
-  auto model = Model::Open(o, &error);
-  if (model == nullptr) {
-    std::fprintf(stderr, "%s\n", error.c_str());
-    std::exit(1);
-  }
-  x.start = model->layer_start();
-  x.end = model->layer_end();
-  x.weights = model->weight_bytes();
-  x.rss_load = CurrentRssBytes();
-  auto ctx = Context::Create(*model, SmallContext(), &error);
-  if (ctx == nullptr) {
-    std::fprintf(stderr, "%s\n", error.c_str());
-    std::exit(1);
-  }
-  x.kv = ctx->kv_bytes();
-  const std::vector<int32_t> prompt = Tokens(*model, "Tell me about the history of Rome. ", 512);
-  Batch batch;
-  std::vector<float> h(model->n_embd(), 0.01f);  // any residual: this measures memory
-  for (int i = 0; i < 512; ++i) {
-    if (model->owns_input()) {
-      batch.AddToken(0, i, prompt[i], i == 511);
-    } else {
-      batch.AddHidden(0, i, h.data(), model->n_embd(), i == 511);
-    }
-  }
-  if (!ctx->Decode(batch, &error)) {
-    std::fprintf(stderr, "%s\n", error.c_str());
-    std::exit(1);
-  }
-  x.rss_prefill = CurrentRssBytes();
-  return x;
-}
-
+// //cpp/engine:measure_shard in a fresh process: weights, KV and RSS of [start, end).
 Measure MeasureInChild(const std::string& path, int start, int end) {
-  const std::string cmd = "/proc/" + std::to_string(getpid()) + "/exe --measure '" + path + "' " +
-                          std::to_string(start) + " " + std::to_string(end);
+  const char* tool = std::getenv("MESHNET_MEASURE_SHARD");
+  EXPECT_NE(tool, nullptr) << "MESHNET_MEASURE_SHARD names //cpp/engine:measure_shard";
   Measure x;
+  if (tool == nullptr) return x;
+  const std::string cmd = std::string(tool) + " '" + path + "' " + std::to_string(start) + " " +
+                          std::to_string(end);
   std::FILE* p = popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr);
   if (p == nullptr) return x;
-  const int n = std::fscanf(p, "%d %d %zu %zu %zu %zu %zu", &x.start, &x.end, &x.weights, &x.kv,
-                            &x.rss_base, &x.rss_load, &x.rss_prefill);
+  int n_layer = 0;
+  const int n = std::fscanf(p,
+                            "{\"start\": %d, \"end\": %d, \"n_layer\": %d, \"weights\": %zu, \"kv\": %zu, "
+                            "\"rss_base\": %zu, \"rss_load\": %zu, \"rss_prefill\": %zu}",
+                            &x.start, &x.end, &n_layer, &x.weights, &x.kv, &x.rss_base, &x.rss_load,
+                            &x.rss_prefill);
   EXPECT_EQ(pclose(p), 0);
-  EXPECT_EQ(n, 7) << cmd;
+  EXPECT_EQ(n, 8) << cmd;
   return x;
 }
 
@@ -580,12 +544,6 @@ TEST(MemoryTest, ShardWeightsAndKvAreProportional) {
 }  // namespace meshnet::engine
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::string(argv[1]) == "--measure") {  // MemoryTest's child process
-    const auto x = meshnet::engine::MeasureInThisProcess(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
-    std::printf("%d %d %zu %zu %zu %zu %zu\n", x.start, x.end, x.weights, x.kv, x.rss_base,
-                x.rss_load, x.rss_prefill);
-    return 0;
-  }
   ::testing::InitGoogleTest(&argc, argv);
   using meshnet::engine::g_smollm2;
   if (argc > 1) {

@@ -13,14 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import tempfile
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from meshnet.reference.model import load_model, load_tokenizer
+from meshnet.certify.teacher_forced import agreement
+from meshnet.reference.model import load_tokenizer
 
 TEXT = ("The history of astronomy is the story of how people learned to read the sky. Early farmers "
         "watched the stars to know when to plant, sailors used them to find their way across open water, "
@@ -39,21 +35,9 @@ def main() -> None:
     ids = tokenizer(TEXT * 8)["input_ids"][: args.positions]
     if len(ids) < args.positions:
         raise SystemExit(f"text gives only {len(ids)} tokens")
-    with torch.no_grad():
-        reference = load_model(gguf)(torch.tensor([ids])).logits[0].float()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "logits.f32"
-        subprocess.run([str(Path(args.dump_logits).resolve()), str(gguf), str(out), *map(str, ids)], check=True,
-                       capture_output=True)
-        gguf_logits = torch.from_numpy(np.fromfile(out, dtype=np.float32).reshape(len(ids), -1))
-    p = torch.log_softmax(reference, dim=-1)
-    q = torch.log_softmax(gguf_logits, dim=-1)
-    kl = (p.exp() * (p - q)).sum(dim=-1)
-    top1 = (reference.argmax(-1) == gguf_logits.argmax(-1)).float()
-    result = {"positions": len(ids), "top1_agreement": round(float(top1.mean()), 4),
-              "mean_kl_transformers_to_gguf": round(float(kl.mean()), 5), "max_kl": round(float(kl.max()), 4),
-              "lanes": {"reference": "HF Transformers fp32 (dequantized Q4_1)",
-                        "gguf": "llama.cpp Q4_1 whole model (= the shard chain, bit-exact)"}}
+    result = agreement(gguf, args.dump_logits, ids)
+    result["lanes"] = {"reference": "HF Transformers fp32 (dequantized Q4_1)",
+                       "gguf": "llama.cpp Q4_1 whole model (= the shard chain, bit-exact)"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

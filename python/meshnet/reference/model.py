@@ -20,17 +20,33 @@ from typing import Hashable, Optional
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.masking_utils import create_causal_mask
 
 from meshnet.protocol.errors import ProtocolError
+from meshnet.recipe.gguf_header import read_header
 from meshnet.wire.status import StatusCode
+
+
+# config attribute -> GGUF key (after "<arch>."), for sizes Transformers' GGUF loader does not map
+_GGUF_SIZES_TRANSFORMERS_MISSES = {"head_dim": "attention.key_length",
+                                   "moe_intermediate_size": "expert_feed_forward_length"}
 
 
 def load_model(gguf: str | Path) -> nn.Module:
     """The whole model from a GGUF file (dequantized to fp32), for shards and baselines."""
     path = Path(gguf).resolve()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    # Transformers' GGUF config mapping leaves some sizes at the architecture's defaults, wrong
+    # wherever a model differs from them (head_dim of the Qwen3 fixtures and Gemma 3 270M, the
+    # expert width of Qwen3-MoE): take them from the GGUF, as llama.cpp does.
+    metadata = read_header(path).metadata
+    arch = metadata.get("general.architecture")
+    for attribute, key in _GGUF_SIZES_TRANSFORMERS_MISSES.items():
+        value = metadata.get(f"{arch}.{key}")
+        if isinstance(value, int) and getattr(config, attribute, None) not in (None, value):
+            setattr(config, attribute, value)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config, dtype=torch.float32,
                                                  attn_implementation="sdpa")
     return model.eval()
 

@@ -110,7 +110,7 @@ class TrackerProcess:
         port_file = self.workdir / "tracker.port"
         port_file.unlink(missing_ok=True)
         cmd = [*self.prefix, sys.executable, "-m", "meshnet.tracker.main", "--listen", f"{self.host}:{self.port}", "--db", str(self.db),
-               "--models", str(self.models_file), "--roles-file", str(self.roles_file), "--ticket-key",
+               "--models", str(self.models_file), "--allow-uncertified", "--roles-file", str(self.roles_file), "--ticket-key",
                str(self.ticket_key), "--ticket-seconds", str(self.ticket_seconds),
                "--lease-seconds", str(self.lease_seconds), "--ban-seconds", str(self.ban_seconds),
                "--max-ban-seconds", str(self.max_ban_seconds),

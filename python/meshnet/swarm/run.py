@@ -1,6 +1,8 @@
 """A whole local Meshnet for a newcomer: tracker + N nodes on loopback + one generation.
 
   bazel run //python:swarm -- [--nodes 3] [--max-tokens 48] [PROMPT]
+  bazel run //python:swarm -- --model gemma3 [PROMPT]      (Gemma 3 270M Q4_K_M, @gemma3)
+  bazel run //python:swarm -- --gguf /abs/MODEL.gguf [PROMPT]
   bazel run //python:swarm -- --serve [--listen 127.0.0.1:8000]
 
 Tokens stream to the terminal as they arrive; the last line gives TTFT and decode tok/s.
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.client.text import stream_text
+from meshnet.gateway.llama_cpp_tokenizer import tokenizer_for
 from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.process import stop_on_signals
 from meshnet.swarm.gateway import GatewayProcess
@@ -45,6 +48,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prompt", nargs="*", default=["The capital of France is"])
     parser.add_argument("--gguf", type=Path, default=os.environ.get("MESHNET_BUNDLED_GGUF"))
+    parser.add_argument("--model", choices=["smollm2", "gemma3"],
+                        help="a pinned model instead of --gguf: smollm2 (the bundled default) or gemma3 (Gemma 3 "
+                             "270M Q4_K_M); also the name the swarm serves it under")
+    parser.add_argument("--gemma3-gguf", type=Path, help=argparse.SUPPRESS)  # set by bazel run
+    parser.add_argument("--tokenize-binary", type=Path,
+                        help="llama.cpp's tokenizer (//cpp/engine:tokenize; set by bazel run), for vocabularies "
+                             "the built-in one does not read (SentencePiece, e.g. Gemma)")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--speculate", type=int, default=0, metavar="K",
@@ -60,6 +70,8 @@ def main() -> int:
     parser.add_argument("--insecure", action="store_true",
                         help="plaintext links (route tickets are still checked); TLS everywhere by default")
     args = parser.parse_args()
+    if args.model == "gemma3":
+        args.gguf = args.gemma3_gguf
     if args.gguf is None or not Path(args.gguf).is_file():
         parser.error("--gguf PATH is required (bazel run sets the bundled model)")
     try:
@@ -73,7 +85,13 @@ def main() -> int:
     if args.serve and not (args.listen.rpartition(":")[0] and args.listen.rpartition(":")[2].isdigit()):
         parser.error(f"--listen {args.listen!r}: expected HOST:PORT")
     prompt = " ".join(args.prompt)
-    tokenizer = GgufTokenizer.from_gguf(args.gguf)
+    try:
+        tokenizer = tokenizer_for(args.gguf, args.tokenize_binary)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.serve and not isinstance(tokenizer, GgufTokenizer):
+        parser.error("--serve needs a vocabulary the gateway's tokenizer reads (byte-level BPE); this model's "
+                     "is not one")
     with tempfile.TemporaryDirectory(prefix="meshnet-swarm-") as tmp:
         cuts = even_cuts(n_layer, args.nodes)
         print(f"starting tracker + {args.nodes} nodes {cuts} on loopback ...", file=sys.stderr, flush=True)
@@ -81,7 +99,7 @@ def main() -> int:
         worker = Path(args.worker_binary).resolve() if args.worker_binary else None
         if args.backend == "gguf" and (worker is None or not worker.is_file()):
             parser.error("--backend gguf needs --worker-binary (bazel run sets it)")
-        with LocalSwarm(Path(tmp), Path(args.gguf).resolve(), cuts, backend=args.backend,
+        with LocalSwarm(Path(tmp), Path(args.gguf).resolve(), cuts, model=args.model or "smollm2", backend=args.backend,
                         worker_binary=worker, insecure=args.insecure) as swarm:
             links = "plaintext (--insecure)" if args.insecure else "TLS"
             print(f"swarm ready in {time.perf_counter() - started:.1f}s; tracker at {swarm.tracker.address}; "
@@ -97,7 +115,7 @@ def main() -> int:
 
                 def counted():
                     for token in session.generate(ids, GenerationParams(max_tokens=args.max_tokens,
-                                                                        stop_token_ids=(tokenizer.eos_token_id,),
+                                                                        stop_token_ids=tokenizer.stop_token_ids,
                                                                         speculate=args.speculate)):
                         tokens.append(token)
                         yield token

@@ -29,12 +29,19 @@ from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
 
 
-def load_models(path: Path) -> list[CertifiedModel]:
+def load_models(path: Path, allow_uncertified: bool = False) -> list[CertifiedModel]:
+    """The entries of `path`; each must carry a passed certification (//python:certify writes it
+    only when its parity suite passes) unless `allow_uncertified` (the local test harness)."""
     try:
         entries = json.loads(path.read_text())
-        return [CertifiedModel(**entry) for entry in entries]
+        models = [CertifiedModel(**entry) for entry in entries]
     except (OSError, ValueError, TypeError) as err:
         raise SystemExit(f"tracker: cannot read certified models from {path}: {err}") from err
+    uncertified = [m.model for m in models if m.certification.get("passed") is not True]
+    if uncertified and not allow_uncertified:
+        raise SystemExit(f"tracker: {path}: no passed certification for {uncertified}; make entries with "
+                         "`tools/bazel run //python:certify -- --gguf M.gguf --model NAME --append models.json`")
+    return models
 
 
 def load_roles(path: Path) -> dict[str, str]:
@@ -52,6 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", default="127.0.0.1:7700", help="host:port (port 0 picks one)")
     parser.add_argument("--db", required=True, type=Path, help="SQLite work ledger (created if missing)")
     parser.add_argument("--models", type=Path, help="JSON list of certified models")
+    parser.add_argument("--allow-uncertified", action="store_true",
+                        help="serve models.json entries without a passed certification (local test swarms only)")
     parser.add_argument("--roles-file", required=True, type=Path, help="JSON: role -> bearer token")
     parser.add_argument("--ticket-key", required=True, type=Path, help="Ed25519 ticket key (created if absent)")
     parser.add_argument("--ticket-seconds", type=float, default=TICKET_SECONDS, help="route ticket lifetime")
@@ -88,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("TLS is required: --tls-cert and --tls-key (or --insecure for loopback development)")
     roles = load_roles(args.roles_file)
     tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes()) if args.tls_cert else None
-    models = load_models(args.models) if args.models else []
+    models = load_models(args.models, args.allow_uncertified) if args.models else []
 
     if not 0.0 <= args.audit_rate <= 1.0:
         parser.error("--audit-rate must be in [0, 1]")

@@ -54,6 +54,9 @@ class CertifiedModel:
     # tensor name -> digest (meshnet.recipe.fingerprint): any range's expected fingerprint; an
     # empty map (an entry certified before range checks) skips the range check
     tensor_digests: dict = dataclasses.field(default_factory=dict)
+    # what //python:certify measured when it wrote the entry ({"suite", "passed", "checks", ...});
+    # empty for an entry made without the suite (the local test harness: --allow-uncertified)
+    certification: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,89 @@
+"""Issue 18 acceptance for one case ($MESHNET_CERTIFY_CASE): //python:certify's suite on one
+artifact, its report printed, and the tracker's entry written exactly when every check passed.
+
+  qwen3, qwen3moe: the seeded tiny fixtures of //tools:synthetic_model (built once, cached);
+  gemma3: the pinned Gemma 3 270M Q4_K_M (@gemma3);
+  gemma3_f32: the same Gemma weights dequantized to F32 by the pinned llama-quantize.
+The suite: a tracker and 3 GGUF nodes give single-process llama.cpp's greedy tokens (64 tokens,
+5 prompts); 8 concurrent sessions keep their solo tokens; teacher-forced top-1 against
+Transformers fp32 >= 0.98 over 256 positions; each shard's weights equal what its range owns and
+the shards' KV adds up to the whole model's. Every case must pass the route, concurrency and
+memory checks. The top-1 bar is asserted for every case but gemma3: Gemma 3 270M in Q4_K_M
+measures below it (the evidence and the note give the figure) and is then not certified, which
+is asserted instead; its F32 copy, the same weights, must pass everything. Also: an
+architecture without an adapter is refused (exit 2) and nothing is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from meshnet.certify import main as certify_main
+from meshnet.recipe.fingerprint import GgufSummary, gguf_summary
+
+CASE = os.environ["MESHNET_CERTIFY_CASE"]
+ARCHITECTURE = CASE.removesuffix("_f32")
+TOOLS = os.environ["MESHNET_CERTIFY_TOOLS"].split()
+
+
+def model_file(tmp_dir: Path) -> Path:
+    if CASE == "gemma3":
+        return Path(os.environ["MESHNET_GEMMA3_GGUF"]).resolve()
+    if CASE == "gemma3_f32":
+        out = tmp_dir / "gemma3-270m-f32.gguf"
+        subprocess.run([os.environ["MESHNET_QUANTIZE"], "--allow-requantize", os.environ["MESHNET_GEMMA3_GGUF"],
+                        str(out), "F32", "2"], check=True, capture_output=True)
+        return out
+    from synthetic_model import DEFAULT_CACHE, build  # tools/synthetic_model.py
+
+    record = build(DEFAULT_CACHE, 0, Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve(),
+                   Path(os.environ["MESHNET_CONVERTER"]).resolve(), None, f"{ARCHITECTURE}-tiny")
+    return Path(record["path"])
+
+
+def test_the_suite_and_the_entry(tmp_path):
+    gguf = model_file(tmp_path)
+    models, report_file = tmp_path / "models.json", tmp_path / "report.json"
+    models.write_text(json.dumps([{"model": "other"}]))
+    proc = subprocess.run([sys.executable, "-m", "meshnet.certify.main", "--gguf", str(gguf), "--model", CASE,
+                           "--append", str(models), "--report", str(report_file), *TOOLS],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+                          timeout=1500)
+    print(proc.stderr[-4000:])
+    report = json.loads(report_file.read_text())
+    print(json.dumps(report, indent=1))
+    assert report["architecture"] == ARCHITECTURE
+    assert len(report["route"]["cuts"]) == 3 and len(report["route"]["prompts"]) == 5
+    assert report["route"]["tokens"] == 64 and report["teacher_forced"]["positions"] == 256
+    checks = report["checks"]
+    assert checks["route_parity"] and checks["concurrent_sessions"] and checks["memory_proportional"], checks
+    if CASE == "gemma3":
+        assert not checks["teacher_forced_top1"], "Gemma 3 Q4_K_M now meets the top-1 bar: certify it, update this test"
+    else:
+        assert checks["teacher_forced_top1"], report["teacher_forced"]
+    entries = json.loads(models.read_text())
+    if report["passed"]:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert [e["model"] for e in entries] == ["other", CASE]
+        assert entries[1]["architecture"] == ARCHITECTURE and entries[1]["certification"]["passed"] is True
+        assert entries[1]["certification"]["suite"] == certify_main.SUITE
+    else:
+        assert proc.returncode == 1 and entries == [{"model": "other"}]
+
+
+def test_an_architecture_without_an_adapter_stays_dark(tmp_path, monkeypatch, capsys):
+    models = tmp_path / "models.json"
+    monkeypatch.setattr(certify_main, "gguf_summary", _bloom)
+    code = certify_main.main(["--gguf", str(model_file(tmp_path)), "--model", "x", "--append", str(models), *TOOLS])
+    assert code == 2
+    assert "architecture 'bloom' has no layer-range adapter" in capsys.readouterr().err
+    assert not models.exists()
+
+
+def _bloom(path) -> GgufSummary:
+    """The model's own summary with an architecture that has no adapter (a unit-test fake)."""
+    return dataclasses.replace(gguf_summary(path), architecture="bloom")
