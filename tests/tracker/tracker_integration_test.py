@@ -100,7 +100,7 @@ def test_routes_leases_and_fencing(client, nodes, keys, tracker):
         assert reply.status.ok and reply.admission == tt.Admission.ROUTABLE, reply
     wrong = register("bad", 0, 30, recipe="sha256:tampered")
     assert wrong.admission == tt.Admission.REFUSED and "recipe fingerprint" in wrong.reason
-    dark = register("qwen", 0, 30, architecture="qwen3")
+    dark = register("qwen", 0, 30, architecture="bloom")
     assert dark.admission == tt.Admission.DARK and dark.status.ok
 
     ticket_key = client.tracker_key()

@@ -40,6 +40,7 @@ def _llama_cpp_impl(rctx):
     ))
     rctx.file("PIN_COMMIT", rctx.attr.commit + "\n")
     rctx.file("WORKSPACE", 'workspace(name = "%s")\n' % rctx.name)
+    rctx.file("build_config.bzl", "# Written by third_party/llama_cpp/repository.bzl.\nLLAMAFILE = %s\n" % rctx.attr.llamafile)
     rctx.symlink(rctx.attr.build_file, "BUILD.bazel")
 
 llama_cpp_repository = repository_rule(
@@ -52,6 +53,11 @@ llama_cpp_repository = repository_rule(
         "patches": attr.label_list(allow_files = [".patch"]),
         "build_file": attr.label(mandatory = True, allow_single_file = True),
         "patch_level_env": attr.bool(default = True),
+        # ggml's llamafile GEMM (tinyBLAS) for F32/F16/BF16/Q8_0/Q4_0/Q5_0/IQ4_NL weights. It runs
+        # only for 2+ rows (one row takes ggml's vec_dot) and sums in another order, so a row's
+        # numbers would depend on how many rows share its batch; the shard build turns it off so
+        # sessions batched together compute exactly what each computes alone.
+        "llamafile": attr.bool(default = False),
         "_prepare": attr.label(default = "//tools/llama_cpp:prepare_source.sh", allow_single_file = True),
     },
     environ = ["MESHNET_LLAMA_PATCH_LEVEL", "MESHNET_PYTHON"],

@@ -8,9 +8,9 @@ The suite: a tracker and 3 GGUF nodes give single-process llama.cpp's greedy tok
 5 prompts); 8 concurrent sessions keep their solo tokens; teacher-forced top-1 against
 Transformers fp32 >= 0.98 over 256 positions; each shard's weights equal what its range owns and
 the shards' KV adds up to the whole model's. Every case must pass the route, concurrency and
-memory checks. The top-1 bar is asserted for every case but gemma3: Gemma 3 270M in Q4_K_M
-measures below it (the evidence and the note give the figure) and is then not certified, which
-is asserted instead; its F32 copy, the same weights, must pass everything. Also: an
+memory checks. The top-1 bar decides certification: the cases in BELOW_TOP1_BAR measure under it
+on this runtime (figures in docs/evidence/architectures/) and must then be refused, exit 1 and no
+entry; every other case must pass everything and get its entry. Also: an
 architecture without an adapter is refused (exit 2) and nothing is written."""
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from meshnet.recipe.fingerprint import GgufSummary, gguf_summary
 CASE = os.environ["MESHNET_CERTIFY_CASE"]
 ARCHITECTURE = CASE.removesuffix("_f32")
 TOOLS = os.environ["MESHNET_CERTIFY_TOOLS"].split()
+# Measured below the 0.98 teacher-forced top-1 bar with the shard runtime's kernels (reference
+# flash attention, which sums V in F16 with an F16 cache; Q8 activations for K-quants): not
+# certified. A change that lifts one over the bar fails here until it is certified and removed.
+BELOW_TOP1_BAR = {"gemma3", "qwen3moe"}
 
 
 def model_file(tmp_dir: Path) -> Path:
@@ -61,8 +65,8 @@ def test_the_suite_and_the_entry(tmp_path):
     assert report["route"]["tokens"] == 64 and report["teacher_forced"]["positions"] == 256
     checks = report["checks"]
     assert checks["route_parity"] and checks["concurrent_sessions"] and checks["memory_proportional"], checks
-    if CASE == "gemma3":
-        assert not checks["teacher_forced_top1"], "Gemma 3 Q4_K_M now meets the top-1 bar: certify it, update this test"
+    if CASE in BELOW_TOP1_BAR:
+        assert not checks["teacher_forced_top1"], f"{CASE} now meets the top-1 bar: take it out of BELOW_TOP1_BAR"
     else:
         assert checks["teacher_forced_top1"], report["teacher_forced"]
     entries = json.loads(models.read_text())

@@ -168,7 +168,7 @@ def test_a_quarantined_node_is_never_routed_and_shows_as_such(clock):
 
 
 def test_dark_nodes_are_never_routed(registry):
-    register(registry, "q", 0, 30, architecture="qwen3")
+    register(registry, "q", 0, 30, architecture="bloom")
     reply = open_route(registry)
     assert reply.status.code == StatusCode.UNAVAILABLE and reply.uncovered == (tt.LayerRange(0, 30),)
     register(registry, "a", 0, 30)
@@ -353,7 +353,7 @@ def test_the_snapshot_shows_states_coverage_routes_and_no_secrets(registry, cloc
     register(registry, "b", 10, 20)
     register(registry, "c", 20, 30)
     register(registry, "d", 0, 30)
-    register(registry, "e", 0, 30, architecture="qwen3", model="other")  # dark
+    register(registry, "e", 0, 30, architecture="bloom", model="other")  # dark
     clock.now += 3
     registry.heartbeat(nid("a"), tt.Load(active_sessions=1, decode_tokens_per_second=42.5), key("a").public_key)
     route = open_route(registry, tt.OpenRouteRequest("smol", client_id="key:alice",
