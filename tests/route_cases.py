@@ -13,16 +13,11 @@ from typing import Callable, Sequence
 
 import pytest
 
+from meshnet.bench.prompts import PARITY_PROMPTS
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.reference.model import load_tokenizer
 
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Water boils at",
-    "List three primary colors:",
-]
+PROMPTS = PARITY_PROMPTS
 MORE_PROMPTS = ["Once upon a time", "The largest planet is", "1, 2, 3, 4,"]  # for 8 concurrent sessions
 TOKENS = 64  # greedy tokens per parity prompt
 

@@ -40,3 +40,12 @@ COPY_HEAVY = [
     "Here is the same module again, unchanged:\n\ndef add(a, b):\n",
     "Days: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Again: Monday, Tuesday, Wednesday,",
 ]
+
+# The 5 prompts of every route-parity check (tests/route_cases.py, //python:certify).
+PARITY_PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "Water boils at",
+    "List three primary colors:",
+]

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from meshnet.bench.prompts import BENCH_TEXT
+from meshnet.bench.prompts import BENCH_TEXT, PARITY_PROMPTS
 from meshnet.certify.memory import shard_memory
 from meshnet.certify.route_parity import route_parity
 from meshnet.certify.teacher_forced import agreement
@@ -37,13 +37,6 @@ from meshnet.recipe.gguf_header import read_header
 from meshnet.swarm.local import even_cuts
 
 SUITE = "meshnet-certify-v1"
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Water boils at",
-    "List three primary colors:",
-]
 TOKENS = 64
 NODES = 3
 POSITIONS = 256
@@ -59,7 +52,7 @@ def run_suite(args: argparse.Namespace, log) -> dict:
     gguf = args.gguf
     summary = gguf_summary(gguf)
     tokenizer = LlamaCppTokenizer(gguf, args.tokenize_binary)
-    prompts = tokenizer.encode_many(PROMPTS)
+    prompts = tokenizer.encode_many(PARITY_PROMPTS)
     report: dict = {"suite": SUITE, "model": args.model, "architecture": summary.architecture,
                     "n_layer": summary.n_layer, "gguf": str(gguf)}
     started = time.monotonic()
