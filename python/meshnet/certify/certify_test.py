@@ -22,7 +22,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from meshnet.bench.prompts import PARITY_PROMPTS
 from meshnet.certify import main as certify_main
+from meshnet.certify.route_parity import route_parity
+from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.recipe.fingerprint import GgufSummary, gguf_summary
 
 CASE = os.environ["MESHNET_CERTIFY_CASE"]
@@ -77,6 +82,20 @@ def test_the_suite_and_the_entry(tmp_path):
         assert entries[1]["certification"]["suite"] == certify_main.SUITE
     else:
         assert proc.returncode == 1 and entries == [{"model": "other"}]
+
+
+@pytest.mark.skipif(CASE != "gemma3", reason="Gemma 3's sliding-window and global layers only")
+def test_ranges_of_one_attention_kind(tmp_path):
+    """Gemma 3 270M's global layers are 5, 11 and 17: [0, 5) and [6, 11) hold sliding-window layers
+    only (the iSWA cache's global half is empty), [5, 6) one global layer only (its sliding half
+    is empty). The route still gives single-process llama.cpp's tokens, batched as solo."""
+    tools = dict(t.split("=", 1) for t in TOOLS)
+    gguf = model_file(tmp_path)
+    prompts = LlamaCppTokenizer(gguf, tools["--tokenize-binary"]).encode_many(PARITY_PROMPTS[:2])
+    result = route_parity(gguf, CASE, prompts, worker=Path(tools["--worker-binary"]),
+                          greedy=Path(tools["--greedy-binary"]), tokens=32, n_layer=gguf_summary(gguf).n_layer,
+                          cuts=[(0, 5), (5, 6), (6, 11), (11, 18)])
+    assert result["route_equal"] and result["concurrent_equal"], result
 
 
 def test_an_architecture_without_an_adapter_stays_dark(tmp_path, monkeypatch, capsys):

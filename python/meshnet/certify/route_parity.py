@@ -13,7 +13,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.swarm.local import LocalSwarm, even_cuts
@@ -28,9 +28,12 @@ def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int) 
 
 
 def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, worker: Path, greedy: Path,
-                 tokens: int = 64, nodes: int = 3, n_layer: int, log: Callable[[str], None] = print) -> dict:
-    """{"cuts", "prompts": [{"equal", "first_difference"}...], "route_equal", "concurrent": {...}}."""
-    cuts = even_cuts(n_layer, nodes)
+                 tokens: int = 64, nodes: int = 3, n_layer: int, log: Callable[[str], None] = print,
+                 cuts: Optional[Sequence[tuple[int, int]]] = None) -> dict:
+    """{"cuts", "prompts": [{"equal", "first_difference"}...], "route_equal", "concurrent": {...}}.
+    `cuts` (default: `nodes` even ranges) are the nodes' layer ranges."""
+    cuts = list(cuts) if cuts is not None else even_cuts(n_layer, nodes)
+    nodes = len(cuts)
     baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens) for ids in prompts]
     log(f"single-process llama.cpp: {len(prompts)} prompts x {tokens} greedy tokens")
     result: dict = {"cuts": cuts, "tokens": tokens, "prompts": []}
