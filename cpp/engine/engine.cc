@@ -10,10 +10,10 @@
 #include <string>
 #include <utility>
 
-#include "gguf.h"
-#include "llama-ext.h"
 #include "ggml-backend.h"
+#include "gguf.h"
 #include "llama-context.h"  // llama_context::get_sched (reference CPU kernels)
+#include "llama-ext.h"
 #include "llama-model.h"  // llama_internal_get_tensor_map (weight accounting)
 #include "llama.h"
 
