@@ -1,7 +1,10 @@
 // dump_logits: the whole model's logits for every position of a token sequence, for drift
 // measurements against other runtimes. Writes float32 [n_tokens, n_vocab] row-major to OUT.
 //
-// Usage: dump_logits MODEL.gguf OUT TOKEN_ID...
+// Usage: dump_logits [--optimized-kernels] MODEL.gguf OUT TOKEN_ID...
+//   --optimized-kernels  ggml's optimized CPU kernels (tiled flash attention, op fusion) instead
+//                        of the reference ones the shards run for batch invariance (diagnostic;
+//                        llamafile's GEMM stays compiled out of this build)
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -11,12 +14,24 @@
 #include "cpp/engine/whole_model.h"
 
 int main(int argc, char** argv) {
-  if (argc < 4) {
-    std::cerr << "usage: dump_logits MODEL.gguf OUT TOKEN_ID...\n";
+  meshnet::engine::ContextOptions context_options;
+  int first = 1;
+  for (; first < argc && std::string(argv[first]).rfind("--", 0) == 0; ++first) {
+    const std::string flag = argv[first];
+    if (flag == "--optimized-kernels") {
+      context_options.reference_kernels = false;
+    } else {
+      std::cerr << "dump_logits: unknown flag " << flag << "\n";
+      return 2;
+    }
+  }
+  if (argc - first < 3) {
+    std::cerr << "usage: dump_logits [--optimized-kernels] MODEL.gguf OUT TOKEN_ID...\n";
     return 2;
   }
+  argv += first - 1;
+  argc -= first - 1;
   const std::vector<int32_t> tokens = meshnet::engine::TokenArgs(argc, argv, 3);
-  meshnet::engine::ContextOptions context_options;
   context_options.n_ctx = static_cast<int>(tokens.size()) + 8;
   context_options.n_batch = context_options.n_ubatch = static_cast<int>(tokens.size());
   auto whole = meshnet::engine::OpenWholeModel("dump_logits", argv[1], context_options);

@@ -20,7 +20,7 @@ for recipe in qwen3 qwen3moe; do
 done
 for case in qwen3 qwen3moe gemma3 gemma3_f32; do
   echo "== $case: ${file[$case]}"
-  tools/bazel run //python:certify -- --gguf "${file[$case]}" --model "$case" --report "$out/$case.json" \
+  tools/bazel run //python:certify -- --gguf "${file[$case]}" --model "$case" --report "$out/$case.json" --diagnose-kernels \
     >/dev/null 2>"$tmp/$case.log" || true  # exit 1 is a failed check: the report says which
   grep '^certify:' "$tmp/$case.log" | tee "$out/$case.log"
 done

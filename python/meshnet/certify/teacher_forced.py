@@ -16,24 +16,37 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from meshnet.bench.prompts import BENCH_TEXT
+from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.reference.model import load_model
 
+POSITIONS = 256
 
-def llama_cpp_logits(dump_logits: Path, gguf: Path, ids: Sequence[int]) -> torch.Tensor:
+
+def sequence(tokenizer: LlamaCppTokenizer, positions: int = POSITIONS) -> list[int]:
+    """The certification's teacher-forced tokens: the first `positions` of BENCH_TEXT."""
+    ids = tokenizer.encode(BENCH_TEXT)[:positions]
+    if len(ids) < positions:
+        raise ValueError(f"the teacher-forcing text gives only {len(ids)} tokens")
+    return ids
+
+
+def llama_cpp_logits(dump_logits: Path, gguf: Path, ids: Sequence[int], flags: Sequence[str] = ()) -> torch.Tensor:
     """[len(ids), n_vocab] float32 logits of the whole model in one llama.cpp process."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "logits.f32"
-        subprocess.run([str(Path(dump_logits).resolve()), str(gguf), str(out), *map(str, ids)], check=True,
+        subprocess.run([str(Path(dump_logits).resolve()), *flags, str(gguf), str(out), *map(str, ids)], check=True,
                        capture_output=True)
         return torch.from_numpy(np.fromfile(out, dtype=np.float32).reshape(len(ids), -1))
 
 
-def agreement(gguf: Path, dump_logits: Path, ids: Sequence[int]) -> dict:
-    """{"positions", "top1_agreement", "mean_kl_transformers_to_gguf", "max_kl"} over `ids`."""
+def agreement(gguf: Path, dump_logits: Path, ids: Sequence[int], flags: Sequence[str] = ()) -> dict:
+    """{"positions", "top1_agreement", "mean_kl_transformers_to_gguf", "max_kl"} over `ids`;
+    `flags` go to dump_logits (its diagnostics)."""
     gguf = Path(gguf).resolve()
     with torch.no_grad():
         reference = load_model(gguf)(torch.tensor([list(ids)])).logits[0].float()
-    gguf_logits = llama_cpp_logits(dump_logits, gguf, ids)
+    gguf_logits = llama_cpp_logits(dump_logits, gguf, ids, flags)
     if gguf_logits.shape != reference.shape:
         raise ValueError(f"logit shapes differ: Transformers {tuple(reference.shape)}, "
                          f"llama.cpp {tuple(gguf_logits.shape)}")
@@ -43,3 +56,4 @@ def agreement(gguf: Path, dump_logits: Path, ids: Sequence[int]) -> dict:
     top1 = (reference.argmax(-1) == gguf_logits.argmax(-1)).float()
     return {"positions": len(ids), "top1_agreement": round(float(top1.mean()), 4),
             "mean_kl_transformers_to_gguf": round(float(kl.mean()), 6), "max_kl": round(float(kl.max()), 4)}
+
