@@ -48,7 +48,8 @@ LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_r
          "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
-         "gguf_ring_3_nodes_spec", "gateway_3_nodes", *AUDIT_LANES, *SYNTHETIC_LANES)
+         "gguf_ring_3_nodes_spec", "gateway_3_nodes", *AUDIT_LANES, "gguf_ring_3_nodes_optimized_kernels",
+         *SYNTHETIC_LANES)
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
@@ -59,6 +60,8 @@ LABELS = {
     "gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode",
     "gguf_ring_1_node": "GGUF route, 1 node, ring decode",
     "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
+    "gguf_ring_3_nodes_optimized_kernels": "GGUF route, {k} nodes, ring decode, ggml's optimized CPU kernels (batched "
+                                           "sessions may differ from solo; ADR 0009)",
     "gguf_ring_3_nodes_unaudited": "GGUF route, {k} nodes, ring decode, no commitments, no audits",
     "gguf_ring_3_nodes_audited": "GGUF route, {k} nodes, ring decode, audits at 5% (verifier on this machine)",
     "gguf_ring_3_nodes_audited_all": "GGUF route, {k} nodes, ring decode, every session audited (verifier on this "
@@ -244,6 +247,7 @@ class Bench:
                                f"{f'-delay{options.delay_ms:g}' if options.delay_ms is not None else ''}"
                                f"{f'-spec{options.speculate}' if options.speculate else ''}"
                                f"{'' if options.commitments else '-nocommit'}"
+                               f"{'' if options.reference_kernels else '-optimized'}"
                                f"{f'-audit{options.audit_rate:g}' if options.verifier else ''}"
                                f"-p{min(prompts)}")
         result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts,
@@ -342,6 +346,9 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "gguf_ring_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                  options=RouteOptions(ring=True)),
         "wan_10ms_gguf_route_3_nodes": lambda: proxy_wan_lane(bench, model, prompts, progress, 10, ring=False),
+        "gguf_ring_3_nodes_optimized_kernels": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                                   options=RouteOptions(ring=True,
+                                                                                        reference_kernels=False)),
         "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                       options=RouteOptions(ring=True, speculate=SPECULATE)),
         "gguf_ring_3_nodes_unaudited": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,

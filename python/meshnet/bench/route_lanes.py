@@ -47,6 +47,7 @@ class RouteOptions:
     speculate: int = 0  # ring decode: the most tokens the first hop drafts per step (0: off)
     commitments: bool = True  # workers keep commitments for audits (ADR 0008); False: none (no audits possible)
     audit_rate: Optional[float] = None  # the tracker's audit draw (None: its default)
+    reference_kernels: bool = True  # False: ggml's optimized CPU kernels (batched != solo; ADR 0009)
     # The verifier role running during the lane on this machine: (dump_boundaries binary, calibration.json).
     verifier: Optional[tuple[Path, Path]] = None
 
@@ -180,7 +181,8 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend
                         threads=threads, max_sessions=max(max(concurrency), 8), max_kv_tokens=max_kv_tokens, host=host,
                         node_hosts=node_hosts, node_prefixes=node_prefixes, insecure=options.insecure,
                         node_advertise=[p.address for p in proxies],
-                        node_args=[] if options.commitments else ["--no-commitments"],
+                        node_args=([] if options.commitments else ["--no-commitments"]) +
+                                  ([] if options.reference_kernels else ["--optimized-kernels"]),
                         audit_rate=options.audit_rate) as swarm:
             for proxy, node in zip(proxies, swarm.nodes.values()):  # nodes in cut order
                 proxy.target = (node.host, node.port)

@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relay-tls-key", type=Path, help="its key")
     parser.add_argument("--no-commitments", action="store_true", help="BENCHMARKS ONLY: keep no commitments (such a "
                         "node cannot be audited; ADR 0008)")
+    parser.add_argument("--optimized-kernels", action="store_true", help="BENCHMARKS ONLY: ggml's optimized CPU "
+                        "kernels; sessions batched together may then differ from solo (ADR 0009)")
     parser.add_argument("--cheat", help="TESTS ONLY: a cheating worker (noise:F, garbage, forge_tokens, skip_layer) that audits "
                         "must catch (ADR 0008)")
     parser.add_argument("--cheat-serve-gguf", type=Path, help="TESTS ONLY: the worker loads this GGUF (e.g. a cheaper "
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                                   tls=(cert_path, key_path) if cert_pem else None,
                                   log=args.port_file.with_suffix(".worker.log") if args.port_file else None,
                                   node_key=identity.seed, cheat=args.cheat or "",
-                                  commitments=not args.no_commitments)
+                                  commitments=not args.no_commitments,
+                                  reference_kernels=not args.optimized_kernels)
         else:
             import torch  # only the reference backend computes in this process
 

@@ -63,11 +63,13 @@ class WorkerProcess:
     def __init__(self, binary: Path, gguf: Path, layers: tuple[int, int], host: str, node_id: str, *,
                  threads: int, max_sessions: int, n_ctx: int, tracker_key: bytes,
                  tls: Optional[tuple[Path, Path]], log: Optional[Path] = None, node_key: bytes = b"",
-                 cheat: str = "", commitments: bool = True) -> None:
+                 cheat: str = "", commitments: bool = True, reference_kernels: bool = True) -> None:
         """`tls`: (certificate PEM path, key PEM path), or None to serve plaintext (--insecure).
         `node_key`: the node's identity seed, with which the worker signs its commitments (ADR
         0008; through the environment, never argv). `cheat`: tests only (the worker's --cheat).
-        `commitments` False: the worker keeps none (benchmarks of their cost only)."""
+        `commitments` False: the worker keeps none (benchmarks of their cost only).
+        `reference_kernels` False: ggml's optimized CPU kernels, under which sessions batched
+        together may differ from solo (ADR 0009; benchmarks of that cost only)."""
         if not binary.is_file():
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
@@ -79,6 +81,7 @@ class WorkerProcess:
         self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]
         self._cmd += [f"--cheat={cheat}"] if cheat else []
         self._cmd += [] if commitments else ["--commitments=0"]
+        self._cmd += [] if reference_kernels else ["--reference_kernels=0"]
         self._node_key = node_key
         self._cert = tls[0].read_bytes() if tls else None
         self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this process
