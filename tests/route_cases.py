@@ -5,15 +5,14 @@ cancel and kill-the-middle-hop scenarios."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import pytest
 
 from meshnet.bench.prompts import PARITY_PROMPTS
+from meshnet.certify.route_parity import llama_cpp_greedy  # noqa: F401 - the tests' baseline
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.reference.model import load_tokenizer
 
@@ -25,14 +24,6 @@ TOKENS = 64  # greedy tokens per parity prompt
 def generate(tracker, tokenizer, prompt: str, tokens: int = TOKENS) -> list[int]:
     session = RouteClient(tracker, "smollm2")
     return list(session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=tokens)))
-
-
-def llama_cpp_greedy(greedy_binary: Path, gguf: Path, prompt_ids: Sequence[int], tokens: int) -> list[int]:
-    """The whole model's greedy tokens in one llama.cpp process (//cpp/engine:greedy: no layer
-    range, upstream behaviour), the baseline a route must match token for token."""
-    proc = subprocess.run([str(greedy_binary), str(gguf), str(tokens), *map(str, prompt_ids)], capture_output=True,
-                          text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
 
 
 @pytest.fixture(scope="module")

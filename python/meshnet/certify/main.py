@@ -28,7 +28,7 @@ from pathlib import Path
 from meshnet.bench.prompts import PARITY_PROMPTS
 from meshnet.certify.memory import shard_memory
 from meshnet.certify.route_parity import route_parity
-from meshnet.certify.teacher_forced import POSITIONS, agreement, sequence
+from meshnet.certify.teacher_forced import POSITIONS, agreements, sequence
 from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.recipe import certify as entries
 from meshnet.recipe.adapters import has_adapter, layer_range_adapters
@@ -59,12 +59,12 @@ def run_suite(args: argparse.Namespace, log) -> dict:
                                    tokens=args.tokens, nodes=NODES, n_layer=summary.n_layer, log=log)
     ids = sequence(tokenizer, args.positions)
     log(f"teacher-forced: Transformers fp32 against llama.cpp over {len(ids)} positions")
-    report["teacher_forced"] = agreement(gguf, args.dump_logits, ids)
+    measured = agreements(gguf, args.dump_logits, ids, [[], ["--optimized-kernels"]] if args.diagnose_kernels else [[]])
+    report["teacher_forced"] = measured[0]
     log(f"  top-1 {report['teacher_forced']['top1_agreement']}, mean KL "
         f"{report['teacher_forced']['mean_kl_transformers_to_gguf']}")
     if args.diagnose_kernels:
-        report["diagnostics"] = {"teacher_forced_optimized_kernels": agreement(gguf, args.dump_logits, ids,
-                                                                               ["--optimized-kernels"])}
+        report["diagnostics"] = {"teacher_forced_optimized_kernels": measured[1]}
         log(f"  diagnostic, optimized kernels: top-1 "
             f"{report['diagnostics']['teacher_forced_optimized_kernels']['top1_agreement']}")
     log("memory: the whole model and each range in its own process")

@@ -35,7 +35,7 @@ def shard_memory(tool: Path, gguf: Path, cuts: Sequence[tuple[int, int]]) -> dic
     sizes = {t.name: t.n_bytes for t in read_header(gguf).tensors}
     whole = measure(tool, gguf, 0, -1)
     whole_over = whole["rss_load"] - whole["rss_base"] - whole["weights"]
-    shards = []
+    shards, kv_sum = [], 0
     for start, end in cuts:
         x = measure(tool, gguf, start, end)
         owned = sum(sizes[n] for n in owned_tensor_names(summary, sizes, start, end, gguf))
@@ -45,8 +45,7 @@ def shard_memory(tool: Path, gguf: Path, cuts: Sequence[tuple[int, int]]) -> dic
                        "rss_load_mib": round((x["rss_load"] - x["rss_base"]) / MIB, 1),
                        "overhead_mib": round(over / MIB, 1), "weights_equal_owned": x["weights"] == owned,
                        "overhead_within_slack": abs(over - whole_over) <= OVERHEAD_SLACK})
-        shards[-1]["_kv"] = x["kv"]
-    kv_sum = sum(s.pop("_kv") for s in shards)
+        kv_sum += x["kv"]
     return {"whole": {"weights_mib": round(whole["weights"] / MIB, 2), "kv_mib": round(whole["kv"] / MIB, 3),
                       "rss_load_mib": round((whole["rss_load"] - whole["rss_base"]) / MIB, 1),
                       "overhead_mib": round(whole_over / MIB, 1)},

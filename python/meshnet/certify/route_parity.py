@@ -22,6 +22,8 @@ CONCURRENT_SESSIONS = 8
 
 
 def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int) -> list[int]:
+    """The whole model's greedy tokens in one llama.cpp process (//cpp/engine:greedy: no layer
+    range, upstream behaviour), the baseline a route must match token for token."""
     proc = subprocess.run([str(greedy), str(gguf), str(tokens), *map(str, ids)], capture_output=True, text=True,
                           check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]

@@ -43,10 +43,18 @@ def llama_cpp_logits(dump_logits: Path, gguf: Path, ids: Sequence[int], flags: S
 def agreement(gguf: Path, dump_logits: Path, ids: Sequence[int], flags: Sequence[str] = ()) -> dict:
     """{"positions", "top1_agreement", "mean_kl_transformers_to_gguf", "max_kl"} over `ids`;
     `flags` go to dump_logits (its diagnostics)."""
+    return agreements(gguf, dump_logits, ids, [flags])[0]
+
+
+def agreements(gguf: Path, dump_logits: Path, ids: Sequence[int], flag_sets: Sequence[Sequence[str]]) -> list[dict]:
+    """agreement() for each dump_logits flag set, with the Transformers reference computed once."""
     gguf = Path(gguf).resolve()
     with torch.no_grad():
         reference = load_model(gguf)(torch.tensor([list(ids)])).logits[0].float()
-    gguf_logits = llama_cpp_logits(dump_logits, gguf, ids, flags)
+    return [_compare(reference, llama_cpp_logits(dump_logits, gguf, ids, flags)) for flags in flag_sets]
+
+
+def _compare(reference: torch.Tensor, gguf_logits: torch.Tensor) -> dict:
     if gguf_logits.shape != reference.shape:
         raise ValueError(f"logit shapes differ: Transformers {tuple(reference.shape)}, "
                          f"llama.cpp {tuple(gguf_logits.shape)}")
@@ -54,6 +62,6 @@ def agreement(gguf: Path, dump_logits: Path, ids: Sequence[int], flags: Sequence
     q = torch.log_softmax(gguf_logits, dim=-1)
     kl = (p.exp() * (p - q)).sum(dim=-1)
     top1 = (reference.argmax(-1) == gguf_logits.argmax(-1)).float()
-    return {"positions": len(ids), "top1_agreement": round(float(top1.mean()), 4),
+    return {"positions": reference.shape[0], "top1_agreement": round(float(top1.mean()), 4),
             "mean_kl_transformers_to_gguf": round(float(kl.mean()), 6), "max_kl": round(float(kl.max()), 4)}
 
