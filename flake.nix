@@ -47,6 +47,8 @@
               iproute2  # tests/multihost: hosts as network namespaces
               nftables  # and their NAT
               iputils  # and per-link RTT (ping)
+              postgresql  # the PostgreSQL ledger's tests (issue 20)
+              etcd  # the etcd tracker store's tests (issue 20)
             ] ++ pkgs.lib.optionals pkgs.stdenv.isLinux rocm;
             # @meshnet_python uses this interpreter instead of building a venv.
             MESHNET_PYTHON = "${python}/bin/python3";
