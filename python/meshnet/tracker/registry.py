@@ -1,7 +1,11 @@
-"""The tracker's state: nodes and leases, admission, coverage, route sessions, epochs, bans.
+"""The tracker's decisions over its state: nodes and leases, admission, coverage, route sessions,
+epochs, bans.
 
 Called by service.py (gRPC threads) and by tests directly; every public method takes the one
-lock, so the registry is safe to share. Time comes from an injected monotonic clock. Callers are
+lock, so the registry is safe to share. The state itself is in a `TrackerStore` (state_store.py):
+in memory by default, or shared with other trackers on etcd (etcd_store.py, ADR 0011), where a
+route session's epoch is advanced by compare-and-swap, so that of two trackers advancing one
+session at once, one wins and the other answers STALE_EPOCH. Time comes from an injected monotonic clock. Callers are
 named by their verified Ed25519 public key (`caller`, see meshnet.identity). Invariants: only
 ROUTABLE nodes with a live lease, not draining and not banned appear in routes; a node id is
 registered, renewed, drained and removed only by the key it derives from; a route session is
@@ -12,8 +16,8 @@ capacity returns. A route only enters a GGUF node at its registered start (the w
 from an effective start); reference nodes may be entered at any layer they serve. A route keeps
 the client_id it was opened with across epochs (the ledger attributes its work to it).
 `snapshot()` is a bounded, read-only copy for the status page and metrics (tracker/web.py).
-Size: over 400 lines, because every method mutates state under the one lock and its invariants
-span nodes, leases and routes together; route choice itself is in routing.py.
+Size: over 400 lines, because its invariants span nodes, leases and routes together; route choice
+itself is in routing.py, state keeping in state_store.py.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from meshnet.recipe import fingerprint
 from meshnet.recipe.adapters import has_adapter
 from meshnet.tracker import routing
 from meshnet.tracker import snapshot as snap
+from meshnet.tracker.state_store import EmbeddedStore, NodeRecord, SessionRecord, TrackerStore
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId, SessionId
 from meshnet.wire.seam import RouteSession
@@ -59,36 +64,6 @@ class CertifiedModel:
     certification: dict = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
-class _Node:
-    info: tt.NodeInfo
-    admission: tt.Admission
-    reason: str
-    lease_until: float
-    draining: bool = False
-    load: tt.Load = dataclasses.field(default_factory=tt.Load)
-    last_heartbeat: float = 0.0  # registry clock: the last register or heartbeat
-
-
-@dataclasses.dataclass
-class _Session:
-    model: str
-    epoch: int
-    hops: tuple[tt.Hop, ...]
-    expected_tokens: int
-    avoid: frozenset[NodeId]
-    client_key: bytes = b""  # the verified key of the principal that opened the route
-    lease_until: float = 0.0  # registry clock; the session expires after this unless renewed
-    client_id: str = ""  # as the opener named it (OpenRouteRequest.client_id); kept across epochs
-    opened_at: float = 0.0  # registry clock
-
-
-@dataclasses.dataclass
-class _Ban:
-    until: float
-    strikes: int
-
-
 def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
     return Status(code, message, retryable)
 
@@ -97,22 +72,22 @@ class Registry:
     def __init__(self, models: list[CertifiedModel], *, lease_seconds: float = 10.0,
                  route_lease_seconds: float = 60.0, ban_seconds: float = 5.0, max_ban_seconds: float = 300.0,
                  clock: Callable[[], float] = time.monotonic, quarantined: Iterable[NodeId] = (),
-                 on_close: Callable[[RouteSession, str, tuple[tt.Hop, ...]], None] = lambda route, model, hops: None
-                 ) -> None:
+                 on_close: Callable[[RouteSession, str, tuple[tt.Hop, ...]], None] = lambda route, model, hops: None,
+                 store: Optional[TrackerStore] = None) -> None:
         """`quarantined`: nodes that failed an audit (ADR 0008; the ledger keeps them), never
         routed. `on_close(route, model, hops)` is called after a client closes a route, outside
-        the lock (the tracker samples audits there)."""
+        the lock (the tracker samples audits there). `store`: where the state lives (an
+        EmbeddedStore on `clock` when None)."""
         self._models = {m.model: m for m in models}
-        self._quarantined: set[NodeId] = set(quarantined)
+        self._store: TrackerStore = store if store is not None else EmbeddedStore(clock)
+        for node_id in set(quarantined) - self._store.quarantined():
+            self._store.quarantine(node_id)
         self._on_close = on_close
         self._lease = lease_seconds
         self._route_lease = route_lease_seconds
         self._ban_base, self._ban_max = ban_seconds, max_ban_seconds
         self._clock = clock
         self._lock = threading.Lock()
-        self._nodes: dict[NodeId, _Node] = {}
-        self._sessions: dict[SessionId, _Session] = {}
-        self._bans: dict[NodeId, _Ban] = {}
 
     @property
     def models(self) -> frozenset[str]:
@@ -126,6 +101,10 @@ class Registry:
     @property
     def route_lease_ms(self) -> int:
         return int(self._route_lease * 1000)
+
+    def close(self) -> None:
+        """Releases the store (its connections and watch); the registry is unusable after."""
+        self._store.close()
 
     # ---- nodes ------------------------------------------------------------------------------
 
@@ -142,8 +121,7 @@ class Registry:
         if admission == tt.Admission.REFUSED:
             return tt.RegisterReply(_error(StatusCode.FINGERPRINT_MISMATCH, reason), admission, reason)
         with self._lock:
-            now = self._clock()
-            self._nodes[info.node_id] = _Node(info, admission, reason, now + self._lease, last_heartbeat=now)
+            self._store.put_node(NodeRecord(info, admission, reason, last_heartbeat=self._clock()), self._lease)
         return tt.RegisterReply(OK, admission, reason, self.lease_ms)
 
     def _admit(self, info: tt.NodeInfo) -> tuple[tt.Admission, str]:
@@ -177,13 +155,8 @@ class Registry:
         if refused is not None:
             return tt.HeartbeatReply(refused)
         with self._lock:
-            node = self._live_node(node_id)
-            if node is None:
+            if not self._store.refresh_node(node_id, self._lease, load):
                 return tt.HeartbeatReply(_error(StatusCode.NOT_FOUND, f"node {node_id!r} has no live lease; register again", True))
-            node.last_heartbeat = self._clock()
-            node.lease_until = node.last_heartbeat + self._lease
-            if load is not None:
-                node.load = load
         return tt.HeartbeatReply(OK, self.lease_ms)
 
     def drain(self, node_id: NodeId, caller: bytes) -> Status:
@@ -191,10 +164,8 @@ class Registry:
         if refused is not None:
             return refused
         with self._lock:
-            node = self._live_node(node_id)
-            if node is None:
+            if not self._store.drain_node(node_id):
                 return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
-            node.draining = True
         return OK
 
     def deregister(self, node_id: NodeId, caller: bytes) -> Status:
@@ -202,31 +173,26 @@ class Registry:
         if refused is not None:
             return refused
         with self._lock:
-            if self._nodes.pop(node_id, None) is None:
+            if not self._store.remove_node(node_id):
                 return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
         return OK
 
-    def _live_node(self, node_id: NodeId) -> Optional[_Node]:
-        node = self._nodes.get(node_id)
-        if node is not None and node.lease_until < self._clock():
-            del self._nodes[node_id]  # the lease expired: the node leaves the coverage map
-            return None
-        return node
-
-    def _live_nodes(self, model: str) -> list[_Node]:
-        return [n for n in (self._live_node(i) for i in list(self._nodes)) if n is not None and n.info.model == model]
+    def _live_nodes(self, model: str) -> list[NodeRecord]:
+        """Lock held. A node whose lease expired has left the coverage map."""
+        return [n for n in self._store.nodes() if n.info.model == model]
 
     # ---- coverage ---------------------------------------------------------------------------
 
     def coverage(self, model: str) -> tt.CoverageReply:
         with self._lock:
             nodes = self._live_nodes(model)
+            quarantined_ids = self._store.quarantined()
             certified = self._models.get(model)
             if certified is None and not nodes:
                 return tt.CoverageReply(_error(StatusCode.NOT_FOUND, f"unknown model {model!r}"))
             n_layer = certified.n_layer if certified else max(n.info.n_layer for n in nodes)
             routable = [n for n in nodes if n.admission == tt.Admission.ROUTABLE and not n.draining
-                        and n.info.node_id not in self._quarantined]
+                        and n.info.node_id not in quarantined_ids]
             layers = tuple(
                 tt.LayerCoverage(layer, tuple(sorted(n.info.node_id for n in routable
                                                      if n.info.layers.start <= layer < n.info.layers.end)))
@@ -235,7 +201,7 @@ class Registry:
             gaps = tuple(tt.LayerRange(s, e) for s, e in routing.uncovered_ranges(candidates, n_layer))
             dark = tuple(sorted(n.info.node_id for n in nodes if n.admission == tt.Admission.DARK))
             infos = tuple(n.info for n in sorted(nodes, key=lambda n: n.info.node_id))
-            quarantined = tuple(sorted(n.info.node_id for n in nodes if n.info.node_id in self._quarantined))
+            quarantined = tuple(sorted(n.info.node_id for n in nodes if n.info.node_id in quarantined_ids))
         return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark, quarantined)
 
     def snapshot(self, max_nodes: int = snap.MAX_NODES, max_routes: int = snap.MAX_ROUTES) -> snap.RegistrySnapshot:
@@ -243,19 +209,15 @@ class Registry:
         Forgets expired leases on the way, as every other reader does."""
         with self._lock:
             now = self._clock()
-            self._expire_sessions()
-            nodes = [snap.NodeFacts(n.info, snap.state_of(n.admission, n.draining, self._banned(n, now),
-                                                        n.info.node_id in self._quarantined), n.load,
-                                    n.last_heartbeat)
-                     for n in (self._live_node(i) for i in list(self._nodes)) if n is not None]
+            sessions = self._store.sessions()
+            banned, quarantined = self._store.banned(), self._store.quarantined()
+            nodes = [snap.NodeFacts(n.info, snap.state_of(n.admission, n.draining, n.info.node_id in banned,
+                                                        n.info.node_id in quarantined), n.load, n.last_heartbeat)
+                     for n in self._store.nodes()]
             routes = [snap.RouteFacts(sid, s.model, s.epoch, s.client_id, s.hops, s.opened_at, s.lease_until)
-                      for sid, s in self._sessions.items()]
+                      for sid, s in sessions]
             certified = {m.model: m.n_layer for m in self._models.values()}
         return snap.build(certified, nodes, routes, now, max_nodes=max_nodes, max_routes=max_routes)
-
-    def _banned(self, node: _Node, now: float) -> bool:
-        ban = self._bans.get(node.info.node_id)
-        return ban is not None and ban.until > now
 
     # ---- route sessions ---------------------------------------------------------------------
 
@@ -268,49 +230,60 @@ class Registry:
             model = self._models.get(request.model)
             if model is None:
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown model {request.model!r}"))
-            session = _Session(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids), caller,
-                               client_id=request.client_id, opened_at=self._clock())
-            reply = self._route(SessionId(f"rs-{uuid.uuid4().hex}"), session, model)
+            session_id = SessionId(f"rs-{uuid.uuid4().hex}")
+            opened = SessionRecord(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids),
+                                   caller, request.client_id, self._clock())
+            reply, planned = self._route(session_id, opened, model)
+            if reply.status.ok and not self._store.create_session(session_id, planned, self._route_lease):
+                return tt.RouteReply(_error(StatusCode.INTERNAL, f"route session id {session_id} is taken"))
         return reply
 
     def report_failure(self, request: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
         if request.session is None:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "failure report without a session"))
+        session_id = request.session.session_id
         with self._lock:
-            session = self._live_session(request.session.session_id)
+            session = self._store.session(session_id)
             if session is None:
-                return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown route session {request.session.session_id!r} "
+                return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown route session {session_id!r} "
                                                                  "(closed, or its lease expired)"))
             if session.client_key != caller:
                 return tt.RouteReply(_error(StatusCode.PERMISSION_DENIED,
                                             "only the client that opened a route may report a failure on it"))
-            current = RouteSession(request.session.session_id, session.epoch)
+            current = RouteSession(session_id, session.epoch)
             if request.session.epoch != session.epoch:
-                return tt.RouteReply(_error(StatusCode.STALE_EPOCH, f"epoch {request.session.epoch} is fenced; "
-                                                                   f"the session is at epoch {session.epoch}"),
-                                     current, session.hops)
+                return _stale(request.session, session)
             on_route = {h.node.node_id for h in session.hops}
             if request.failed_node_id and request.failed_node_id not in on_route:
                 return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT,
                                             f"node {request.failed_node_id!r} is not a hop of epoch {session.epoch}; "
                                             "the report is ignored"), current, session.hops)
+            model = self._models.get(session.model)
+            if model is None:  # opened through another tracker that certifies a model this one does not
+                return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"model {session.model!r} is not certified on "
+                                                                 "this tracker"), current, session.hops)
             if request.failed_node_id:
-                ban = self._bans.get(request.failed_node_id, _Ban(0.0, 0))
-                ban.strikes += 1
-                ban.until = self._clock() + min(self._ban_max, self._ban_base * 2 ** (ban.strikes - 1))
-                self._bans[request.failed_node_id] = ban
-            session.epoch += 1
-            return self._route(request.session.session_id, session, self._models[session.model])
+                self._store.strike(request.failed_node_id, self._ban_base, self._ban_max)
+            reply, planned = self._route(session_id, dataclasses.replace(session, epoch=session.epoch + 1), model)
+            # The session is kept with no route when there is none (its old epoch stays fenced).
+            if not self._store.advance_session(session_id, session.epoch, planned, self._route_lease):
+                now = self._store.session(session_id)  # another tracker advanced or closed it first
+                if now is None:
+                    return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"route session {session_id!r} was closed"))
+                return _stale(request.session, now)
+            return reply
 
     def close_route(self, route: Optional[RouteSession], caller: bytes) -> Status:
         with self._lock:
-            problem = self._check_session(route)
+            problem, session = self._check_session(route)
             if problem is not None:
                 return problem
-            assert route is not None
-            if self._sessions[route.session_id].client_key != caller:
+            assert route is not None and session is not None
+            if session.client_key != caller:
                 return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
-            closed = self._sessions.pop(route.session_id)
+            closed = self._store.close_session(route.session_id, route.epoch)
+            if closed is None:  # another tracker advanced or closed it meanwhile
+                return self._check_session(route)[0] or _error(StatusCode.UNAVAILABLE, "close raced; retry", True)
         if closed.hops:
             self._on_close(RouteSession(route.session_id, closed.epoch), closed.model, closed.hops)
         return OK
@@ -318,83 +291,71 @@ class Registry:
     def quarantine(self, node_id: NodeId) -> None:
         """Never routes `node_id` again (it failed an audit); it stays visible as quarantined."""
         with self._lock:
-            self._quarantined.add(node_id)
+            self._store.quarantine(node_id)
 
     @property
     def quarantined(self) -> frozenset[NodeId]:
         with self._lock:
-            return frozenset(self._quarantined)
+            return self._store.quarantined()
 
     def renew_route(self, route: Optional[RouteSession], caller: bytes) -> tt.RenewRouteReply:
         """Extends the lease of a live route session (its opener only, at its current epoch)."""
         with self._lock:
-            problem = self._check_session(route)
+            problem, session = self._check_session(route)
             if problem is not None:
                 return tt.RenewRouteReply(problem)
-            assert route is not None
-            session = self._sessions[route.session_id]
+            assert route is not None and session is not None
             if session.client_key != caller:
                 return tt.RenewRouteReply(_error(StatusCode.PERMISSION_DENIED,
                                                  "only the client that opened a route may renew it"))
-            session.lease_until = self._clock() + self._route_lease
+            if not self._store.renew_session(route.session_id, route.epoch, self._route_lease):
+                problem = self._check_session(route)[0] or _error(StatusCode.UNAVAILABLE, "renew raced; retry", True)
+                return tt.RenewRouteReply(problem)
         return tt.RenewRouteReply(OK, self.route_lease_ms)
 
     def expected_tokens(self, route: Optional[RouteSession]) -> int:
         """The token budget a live route session was opened with (0 if unknown)."""
         with self._lock:
-            session = self._live_session(route.session_id) if route else None
+            session = self._store.session(route.session_id) if route else None
             return session.expected_tokens if session else 0
 
     def client_id(self, route: Optional[RouteSession]) -> str:
         """The client_id a live route session was opened with ('' if unknown)."""
         with self._lock:
-            session = self._live_session(route.session_id) if route else None
+            session = self._store.session(route.session_id) if route else None
             return session.client_id if session else ""
 
-    def _check_session(self, route: Optional[RouteSession]) -> Optional[Status]:
+    def _check_session(self, route: Optional[RouteSession]) -> tuple[Optional[Status], Optional[SessionRecord]]:
+        """Lock held. (None, the session) when `route` names a live session at its current epoch."""
         if route is None:
-            return _error(StatusCode.INVALID_ARGUMENT, "no route session given")
-        session = self._live_session(route.session_id)
+            return _error(StatusCode.INVALID_ARGUMENT, "no route session given"), None
+        session = self._store.session(route.session_id)
         if session is None:
-            return _error(StatusCode.NOT_FOUND, f"unknown route session {route.session_id!r} (closed, or its lease expired)")
+            return _error(StatusCode.NOT_FOUND, f"unknown route session {route.session_id!r} (closed, or its lease "
+                                                "expired)"), None
         if route.epoch != session.epoch:
-            return _error(StatusCode.STALE_EPOCH, f"epoch {route.epoch} is fenced; the session is at epoch {session.epoch}")
-        return None
+            return _error(StatusCode.STALE_EPOCH, f"epoch {route.epoch} is fenced; the session is at epoch "
+                                                  f"{session.epoch}"), None
+        return None, session
 
-    def _live_session(self, session_id: SessionId) -> Optional[_Session]:
-        """Lock held. The session, unless its lease expired (then it is forgotten)."""
-        session = self._sessions.get(session_id)
-        if session is not None and session.lease_until < self._clock():
-            del self._sessions[session_id]
-            return None
-        return session
-
-    def _expire_sessions(self) -> None:
-        """Lock held. Forgets every route session whose lease expired: its capacity returns."""
-        now = self._clock()
-        for sid in [sid for sid, s in self._sessions.items() if s.lease_until < now]:
-            del self._sessions[sid]
-
-    def _route(self, session_id: SessionId, session: _Session, model: CertifiedModel) -> tt.RouteReply:
-        """Lock held. Picks hops for `session` at its current epoch and records them (with a
-        fresh lease)."""
-        now = self._clock()
-        self._expire_sessions()
-        session.lease_until = now + self._route_lease
+    def _route(self, session_id: SessionId, session: SessionRecord,
+               model: CertifiedModel) -> tuple[tt.RouteReply, SessionRecord]:
+        """Lock held. Picks hops for `session` at its epoch: the reply, and the record to store
+        (with those hops, or none)."""
         in_use: dict[NodeId, tuple[int, int]] = {}
-        for sid, other in self._sessions.items():
+        for sid, other in self._store.sessions():
             if sid == session_id:
                 continue
             for hop in other.hops:
                 sessions, tokens = in_use.get(hop.node.node_id, (0, 0))
                 in_use[hop.node.node_id] = (sessions + 1, tokens + other.expected_tokens)
+        banned, quarantined = self._store.banned(), self._store.quarantined()
         nodes, candidates, full, too_short = {}, [], [], []
         for node in self._live_nodes(session.model):
             info, cap = node.info, node.info.capacity or tt.Capacity()
-            ban = self._bans.get(info.node_id)
             sessions, tokens = in_use.get(info.node_id, (0, 0))
             if (node.admission != tt.Admission.ROUTABLE or node.draining or info.node_id in session.avoid
-                    or (ban is not None and ban.until > now) or info.node_id in self._quarantined):
+                    or info.node_id in banned or info.node_id in quarantined):
                 continue
             if cap.max_session_tokens and session.expected_tokens > cap.max_session_tokens:
                 too_short.append((_candidate(node, sessions), cap.max_session_tokens))
@@ -406,26 +367,30 @@ class Registry:
             nodes[info.node_id] = info
             candidates.append(_candidate(node, sessions))
         route = RouteSession(session_id, session.epoch)
+        unrouted = dataclasses.replace(session, hops=())
         try:
             hops = routing.find_route(candidates, model.n_layer)
         except routing.NoRouteError as err:
-            if session.epoch > 1:  # keep the session (its old epoch stays fenced) with no route
-                session.hops = ()
-                self._sessions[session_id] = session
             gaps = tuple(tt.LayerRange(s, e) for s, e in err.uncovered)
             longest = _longest_route(candidates + full, too_short, model.n_layer)
             if longest is not None and longest < session.expected_tokens:
                 status = _error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {session.expected_tokens} (prompt + new "
                                 f"tokens) exceeds what any route can hold for one session: at most {longest} tokens")
-                return tt.RouteReply(status, route, (), gaps)
+                return tt.RouteReply(status, route, (), gaps), unrouted
             if full and _routable(candidates + full, model.n_layer):
                 status = _error(StatusCode.RESOURCE_EXHAUSTED, f"the nodes serving layers "
                                 f"{routing.describe_layers(err.uncovered)} are all at capacity", True)
-                return tt.RouteReply(status, route, (), gaps)
-            return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (), gaps)
-        session.hops = tuple(tt.Hop(nodes[h.node_id], tt.LayerRange(h.start, h.end)) for h in hops)
-        self._sessions[session_id] = session
-        return tt.RouteReply(OK, route, session.hops, (), self.route_lease_ms)
+                return tt.RouteReply(status, route, (), gaps), unrouted
+            return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (), gaps), unrouted
+        routed = tuple(tt.Hop(nodes[h.node_id], tt.LayerRange(h.start, h.end)) for h in hops)
+        return tt.RouteReply(OK, route, routed, (), self.route_lease_ms), dataclasses.replace(session, hops=routed)
+
+
+def _stale(reported: RouteSession, session: SessionRecord) -> tt.RouteReply:
+    """STALE_EPOCH for a report at an epoch the session has left, with its current epoch and hops."""
+    return tt.RouteReply(_error(StatusCode.STALE_EPOCH, f"epoch {reported.epoch} is fenced; the session is at "
+                                                        f"epoch {session.epoch}"),
+                         RouteSession(reported.session_id, session.epoch), session.hops)
 
 
 def _routable(candidates: list[routing.Candidate], n_layer: int) -> bool:
@@ -446,7 +411,7 @@ def _longest_route(usable: list[routing.Candidate], limited: list[tuple[routing.
     return None
 
 
-def _candidate(node: _Node, sessions: int) -> routing.Candidate:
+def _candidate(node: NodeRecord, sessions: int) -> routing.Candidate:
     info, load = node.info, node.load
     served = info.layers.end - info.layers.start
     per_layer = routing.DEFAULT_SECONDS_PER_LAYER
