@@ -8,7 +8,9 @@ models (see README, "Tracker"). `--http-listen HOST:PORT` (off by default) also 
 read-only /metrics, /status and /status.json (tracker/web.py says what they reveal); `--relay
 HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sends a node the
 tracker cannot reach to a relay. `--audit-rate` (default 0.05) of closed route sessions are
-queued for the verifier role (ADR 0008). SIGTERM/SIGINT
+queued for the verifier role (ADR 0008). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
+sessions, bans and the quarantine in etcd under `--etcd-prefix`, shared by every tracker given the
+same cluster and prefix (ADR 0011); without it the state is in memory (one tracker). SIGTERM/SIGINT
 stop it gracefully; logs are JSON lines on stderr.
 """
 
@@ -21,12 +23,14 @@ from pathlib import Path
 from meshnet.identity.keys import Identity
 from meshnet.process import log, stop_on_signals, write_port_file
 from meshnet.relay.server import RelayServer
-from meshnet.tracker import web
+from meshnet.tracker import etcd_client, web
 from meshnet.tracker.audits import DEFAULT_RATE, Audits
+from meshnet.tracker.etcd_store import DEFAULT_PREFIX, EtcdStore
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
+from meshnet.tracker.state_store import StoreError
 
 
 def load_models(path: Path, allow_uncertified: bool = False) -> list[CertifiedModel]:
@@ -89,6 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--audit-rate", type=float, default=DEFAULT_RATE,
                         help="fraction of closed route sessions queued for the verifier role to audit (ADR 0008)")
     parser.add_argument("--audit-seed", type=int, help="seed of the audit draw (default: random)")
+    parser.add_argument("--etcd", metavar="HOST:PORT,...",
+                        help="keep the tracker state in this etcd cluster (its members' client addresses), shared "
+                        "with the other trackers on it (ADR 0011); default: in memory, this tracker alone")
+    parser.add_argument("--etcd-prefix", default=DEFAULT_PREFIX,
+                        help="the keys of this swarm in etcd (trackers of one swarm use the same prefix)")
     args = parser.parse_args(argv)
 
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -101,12 +110,19 @@ def main(argv: list[str] | None = None) -> None:
 
     if not 0.0 <= args.audit_rate <= 1.0:
         parser.error("--audit-rate must be in [0, 1]")
+    store = None
+    if args.etcd:
+        try:
+            store = EtcdStore(etcd_client.parse_endpoints(args.etcd), args.etcd_prefix)
+        except (ValueError, StoreError) as err:
+            parser.error(f"--etcd: {err}")
     ledger = Ledger(args.db)
     ticket_key = Identity.load_or_create(args.ticket_key)
     audits: list[Audits] = []  # made after the registry, which calls it when a route closes
     registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
                         ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds,
-                        quarantined=ledger.quarantined(), on_close=lambda *closed: audits[0].consider(*closed))
+                        quarantined=ledger.quarantined(), on_close=lambda *closed: audits[0].consider(*closed),
+                        store=store)
     audits.append(Audits(registry, ledger, ticket_key, rate=args.audit_rate, seed=args.audit_seed,
                          ticket_seconds=args.ticket_seconds))
     metrics = TrackerMetrics(registry, ledger)
@@ -122,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError) as err:
         parser.error(str(err))
     log("listening", address=args.listen, port=port, db=str(args.db), models=[m.model for m in models],
-        tls=tls is not None, http=http.url if http else None)
+        tls=tls is not None, http=http.url if http else None, etcd=args.etcd, etcd_prefix=args.etcd_prefix)
     if http is not None:
         write_port_file(args.http_port_file, http.port)
     if relay is not None:
@@ -136,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     if relay is not None:
         relay.stop()
     server.stop(grace=5).wait()
+    registry.close()
     ledger.close()
 
 

@@ -33,6 +33,7 @@ from meshnet.tracker.audits import Audits
 from meshnet.tracker.ledger import Ledger, WorkRefused
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import Registry
+from meshnet.tracker.state_store import StoreError
 from meshnet.tracker.v1 import tracker_pb2_grpc
 from meshnet.wire import seam as st
 from meshnet.wire import tracker as tt
@@ -112,6 +113,9 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
             reply = work(native, caller)
         except ProtocolError as err:
             reply = reply_cls(err.status)
+        except StoreError as err:  # etcd out of reach (UNAVAILABLE: another tracker may answer), a record too large
+            log("store_error", method=method, error=str(err))
+            reply = reply_cls(Status(err.code, str(err), err.retryable))
         except Exception as err:  # a bug must not take the tracker down; report it
             log("internal_error", method=method, error=repr(err))
             reply = reply_cls(Status(StatusCode.INTERNAL, f"tracker error: {err!r}"))
