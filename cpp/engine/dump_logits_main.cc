@@ -1,7 +1,9 @@
 // dump_logits: the whole model's logits for every position of a token sequence, for drift
 // measurements against other runtimes. Writes float32 [n_tokens, n_vocab] row-major to OUT.
 //
-// Usage: dump_logits [--optimized-kernels] MODEL.gguf OUT TOKEN_ID...
+// Usage: dump_logits [--optimized-kernels] [--f16-flash-attention] MODEL.gguf OUT TOKEN_ID...
+//   --f16-flash-attention  flash attention over an F16 KV cache (upstream's CPU default) instead
+//                          of the shards' F32 attention (diagnostic, ADR 0010)
 //   --optimized-kernels  ggml's optimized CPU kernels (tiled flash attention, op fusion) instead
 //                        of the reference ones the shards run for batch invariance (diagnostic;
 //                        llamafile's GEMM stays compiled out of this build)
@@ -20,13 +22,15 @@ int main(int argc, char** argv) {
     const std::string flag = argv[first];
     if (flag == "--optimized-kernels") {
       context_options.reference_kernels = false;
+    } else if (flag == "--f16-flash-attention") {
+      context_options.f32_attention = false;
     } else {
       std::cerr << "dump_logits: unknown flag " << flag << "\n";
       return 2;
     }
   }
   if (argc - first < 3) {
-    std::cerr << "usage: dump_logits [--optimized-kernels] MODEL.gguf OUT TOKEN_ID...\n";
+    std::cerr << "usage: dump_logits [--optimized-kernels] [--f16-flash-attention] MODEL.gguf OUT TOKEN_ID...\n";
     return 2;
   }
   argv += first - 1;

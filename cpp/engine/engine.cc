@@ -197,6 +197,10 @@ void UseReferenceCpuKernels(llama_context* ctx) {
 
 }  // namespace
 
+bool UsesF32Attention(const ContextOptions& options) {
+  return options.f32_attention && (!options.unified_kv || options.n_seq == 1);
+}
+
 std::unique_ptr<Context> Context::Create(Model& model, const ContextOptions& options,
                                          std::string* error) {
   llama_context_params params = llama_context_default_params();
@@ -211,6 +215,11 @@ std::unique_ptr<Context> Context::Create(Model& model, const ContextOptions& opt
   // A non-last shard reads every row's residual back (the graph emits it as t_embd).
   params.embeddings = !model.owns_output();
   params.pooling_type = LLAMA_POOLING_TYPE_NONE;
+  if (UsesF32Attention(options)) {
+    params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    params.type_k = GGML_TYPE_F32;
+    params.type_v = GGML_TYPE_F32;
+  }
   TakeLlamaError();
   llama_context* ctx = llama_init_from_model(model.raw(), params);
   if (ctx == nullptr) {

@@ -88,10 +88,22 @@ struct ContextOptions {
   // 64+ rows of one stream, but the per-row path when sessions share the ubatch, so a session's
   // numbers would depend on its company (seen on Gemma 3: 6 of 8 batched sessions kept their solo
   // tokens). The reference kernels take the per-row path always. Cost: op fusion and the tiled
-  // prefill; with an F16 cache the per-row path also sums V in F16 (measured: teacher-forced KL
+  // prefill; with flash attention the per-row path also sums V in F16 (f32_attention avoids it; KL
   // against Transformers fp32 rises, docs/evidence/architectures/).
   bool reference_kernels = true;
+  // Attention without flash attention over an F32 KV cache: K.Q, softmax and V.KQ all in F32 (ggml's
+  // mul_mat and soft_max, whose per-element results do not depend on the batch), ADR 0010. It
+  // applies to one sequence or one KV stream per sequence (unified_kv false): in a stream shared
+  // by several sequences a session's cells sit where its company put them, and the F32 dot
+  // products over the cells then sum in another order than alone (measured: logits 0.87 apart on
+  // SmolLM2 Q4_1, whose quantized activations amplify the last bits). There the flash-attention
+  // per-row kernel, which visits only the session's own cells in order, stays (UsesF32Attention).
+  // false: flash attention over an F16 cache, as upstream runs it on CPU.
+  bool f32_attention = true;
 };
+
+// Whether a context made with `options` computes attention in F32 (see f32_attention).
+bool UsesF32Attention(const ContextOptions& options);
 
 // Rows of one Decode: all token rows (first shard) or all hidden rows (other shards).
 class Batch {

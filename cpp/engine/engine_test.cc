@@ -159,9 +159,10 @@ std::vector<int32_t> Greedy(Chain& chain, const std::vector<int32_t>& prompt, in
   return out;
 }
 
-ContextOptions SmallContext(int n_seq = 1) {
+ContextOptions SmallContext(int n_seq = 1, bool unified_kv = true) {
   ContextOptions o;
   o.n_seq = n_seq;
+  o.unified_kv = unified_kv;
   o.n_ctx = 1024;
   o.n_batch = 512;
   o.n_ubatch = 512;
@@ -270,10 +271,10 @@ SessionLogits RunBatched(Chain& chain, const std::vector<std::vector<int32_t>>& 
 }
 
 SessionLogits RunSeparately(const std::vector<std::vector<int32_t>>& prompts,
-                            const std::vector<std::vector<int32_t>>& forced) {
+                            const std::vector<std::vector<int32_t>>& forced, bool unified_kv) {
   SessionLogits out;
   for (size_t s = 0; s < prompts.size(); ++s) {
-    Chain chain(g_smollm2, {kSeqCut}, SmallContext(3));
+    Chain chain(g_smollm2, {kSeqCut}, SmallContext(3, unified_kv));
     out.push_back(RunBatched(chain, {prompts[s]}, {forced[s]})[0]);
   }
   return out;
@@ -296,18 +297,23 @@ float MaxAbsDiff(const SessionLogits& a, const SessionLogits& b) {
   return d;
 }
 
-// Batched rows share matmuls and one KV stream with the other sessions, so low bits of a row
-// may differ from a run alone (different ubatch shapes pick different kernel tilings); the
-// argmax of every step must agree and the logits stay within kBatchTolerance.
+// Batched rows share matmuls (and, with unified_kv, one KV stream) with the other sessions, so
+// low bits of a row could differ from a run alone if a kernel's arithmetic depended on the batch;
+// the argmax of every step must agree and the logits stay within kBatchTolerance.
 constexpr float kBatchTolerance = 2e-2f;
 
-TEST(SequencesTest, ThreeSessionsInOneBatchMatchSeparateRuns) {
-  Chain chain(g_smollm2, {kSeqCut}, SmallContext(3));
+// Both batch-invariant configurations (ADR 0009, 0010): one KV stream per session with F32
+// attention (the workers' default), and one shared stream with the per-row flash attention that
+// UsesF32Attention falls back to there.
+void ExpectBatchedMatchesAlone(bool unified_kv) {
+  const ContextOptions options = SmallContext(3, unified_kv);
+  EXPECT_EQ(UsesF32Attention(options), !unified_kv);
+  Chain chain(g_smollm2, {kSeqCut}, options);
   ASSERT_TRUE(chain.ok());
   const auto prompts = SessionPrompts(chain.model(0));
   const auto forced = Continuations(prompts);
   const SessionLogits batched = RunBatched(chain, prompts, forced);
-  const SessionLogits alone = RunSeparately(prompts, forced);
+  const SessionLogits alone = RunSeparately(prompts, forced, unified_kv);
   const float d = MaxAbsDiff(batched, alone);
   int agree = 0, total = 0;
   for (size_t s = 0; s < batched.size(); ++s) {
@@ -315,10 +321,18 @@ TEST(SequencesTest, ThreeSessionsInOneBatchMatchSeparateRuns) {
       agree += Argmax(batched[s][i]) == Argmax(alone[s][i]);
     }
   }
-  std::printf("3 sessions batched vs alone: max |logit diff| %g, argmax agree %d/%d\n", d, agree,
-              total);
+  std::printf("3 sessions batched vs alone (unified_kv %d): max |logit diff| %g, argmax agree %d/%d\n",
+              unified_kv, d, agree, total);
   EXPECT_EQ(agree, total);
   EXPECT_LE(d, kBatchTolerance);
+}
+
+TEST(SequencesTest, ThreeSessionsInOneBatchMatchSeparateRunsWithAStreamEach) {
+  ExpectBatchedMatchesAlone(/*unified_kv=*/false);
+}
+
+TEST(SequencesTest, ThreeSessionsInOneBatchMatchSeparateRunsInOneSharedStream) {
+  ExpectBatchedMatchesAlone(/*unified_kv=*/true);
 }
 
 TEST(SequencesTest, ChangingSessionBDoesNotChangeSessionA) {

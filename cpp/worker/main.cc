@@ -5,6 +5,7 @@
 //   (--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] [--listen=127.0.0.1:0]
 //   [--threads=N] [--max_sessions=N] [--n_ctx=N] [--max_batch_tokens=N]
 //   [--max_prefill_chunk=N] [--queue=N] [--batch_window_us=US] [--idle_seconds=S] [--unified_kv=0|1] [--reference_kernels=0|1]
+//   [--f32_attention=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
 //   [--parent_pid=PID] [--commitments=0|1] [--cheat=noise:F|garbage|forge_tokens|skip_layer]   (--cheat: tests only)
@@ -150,11 +151,15 @@ int main(int argc, char** argv) {
   options.context.n_threads = Int(flags, "threads", 2);
   // Default: one KV stream per session, so a session's output does not depend on which other
   // sessions share its batches (bit-identical to running it alone). --unified_kv=1 shares one
-  // stream (any session may use all of n_ctx).
+  // stream (any session may use all of n_ctx); attention there stays flash attention's per-row
+  // kernel over an F16 cache, the batch-invariant choice for a shared stream (UsesF32Attention).
   options.context.unified_kv = Int(flags, "unified_kv", 0) != 0;
   // --reference_kernels=0: ggml's optimized CPU kernels, whose results depend on batch shape
   // (ADR 0009); benchmarks of what batch invariance costs only.
   options.context.reference_kernels = Int(flags, "reference_kernels", 1) != 0;
+  // --f32_attention=0: flash attention over an F16 KV cache, as upstream runs on CPU; its per-row
+  // kernel sums V in F16, which costs agreement with fp32 math (ADR 0010); benchmarks only.
+  options.context.f32_attention = Int(flags, "f32_attention", 1) != 0;
   options.max_batch_tokens = Int(flags, "max_batch_tokens", 256);
   options.max_prefill_chunk = Int(flags, "max_prefill_chunk", 128);
   options.max_queue = Int(flags, "queue", 64);

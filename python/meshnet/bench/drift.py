@@ -5,7 +5,7 @@
 Feeds the same token sequence to HF Transformers (fp32, weights dequantized from the GGUF) and
 to llama.cpp (//cpp/engine:dump_logits: the whole model, which the shard chain reproduces
 bit-exactly) and reports top-1 agreement and mean KL(Transformers || llama.cpp) over the
-positions. The difference is the Q4_1 runtime (quantized matmuls, f16 KV) against fp32 math.
+positions. The difference is the Q4_1 runtime (quantized matmuls and activations) against fp32 math.
 """
 
 from __future__ import annotations

@@ -60,8 +60,8 @@ LABELS = {
     "gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode",
     "gguf_ring_1_node": "GGUF route, 1 node, ring decode",
     "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
-    "gguf_ring_3_nodes_optimized_kernels": "GGUF route, {k} nodes, ring decode, ggml's optimized CPU kernels (batched "
-                                           "sessions may differ from solo; ADR 0009)",
+    "gguf_ring_3_nodes_optimized_kernels": "GGUF route, {k} nodes, ring decode, upstream's CPU kernels and F16 flash "
+                                           "attention (batched sessions may differ from solo; ADR 0009, 0010)",
     "gguf_ring_3_nodes_unaudited": "GGUF route, {k} nodes, ring decode, no commitments, no audits",
     "gguf_ring_3_nodes_audited": "GGUF route, {k} nodes, ring decode, audits at 5% (verifier on this machine)",
     "gguf_ring_3_nodes_audited_all": "GGUF route, {k} nodes, ring decode, every session audited (verifier on this "

@@ -47,7 +47,7 @@ class RouteOptions:
     speculate: int = 0  # ring decode: the most tokens the first hop drafts per step (0: off)
     commitments: bool = True  # workers keep commitments for audits (ADR 0008); False: none (no audits possible)
     audit_rate: Optional[float] = None  # the tracker's audit draw (None: its default)
-    reference_kernels: bool = True  # False: ggml's optimized CPU kernels (batched != solo; ADR 0009)
+    reference_kernels: bool = True  # False: upstream's CPU kernels, F16 flash attention (ADR 0009, 0010)
     # The verifier role running during the lane on this machine: (dump_boundaries binary, calibration.json).
     verifier: Optional[tuple[Path, Path]] = None
 

@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relay-tls-key", type=Path, help="its key")
     parser.add_argument("--no-commitments", action="store_true", help="BENCHMARKS ONLY: keep no commitments (such a "
                         "node cannot be audited; ADR 0008)")
-    parser.add_argument("--optimized-kernels", action="store_true", help="BENCHMARKS ONLY: ggml's optimized CPU "
-                        "kernels; sessions batched together may then differ from solo (ADR 0009)")
+    parser.add_argument("--optimized-kernels", action="store_true", help="BENCHMARKS ONLY: upstream's CPU "
+                        "defaults (ggml's optimized kernels, flash attention over an F16 KV cache); sessions batched "
+                        "together may then differ from solo (ADR 0009, 0010)")
     parser.add_argument("--cheat", help="TESTS ONLY: a cheating worker (noise:F, garbage, forge_tokens, skip_layer) that audits "
                         "must catch (ADR 0008)")
     parser.add_argument("--cheat-serve-gguf", type=Path, help="TESTS ONLY: the worker loads this GGUF (e.g. a cheaper "

@@ -68,8 +68,9 @@ class WorkerProcess:
         `node_key`: the node's identity seed, with which the worker signs its commitments (ADR
         0008; through the environment, never argv). `cheat`: tests only (the worker's --cheat).
         `commitments` False: the worker keeps none (benchmarks of their cost only).
-        `reference_kernels` False: ggml's optimized CPU kernels, under which sessions batched
-        together may differ from solo (ADR 0009; benchmarks of that cost only)."""
+        `reference_kernels` False: upstream's CPU defaults, ggml's optimized kernels and flash
+        attention over an F16 KV cache, under which sessions batched together may differ from
+        solo and agreement with fp32 math drops (ADR 0009, 0010; benchmarks of that cost only)."""
         if not binary.is_file():
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
@@ -81,7 +82,7 @@ class WorkerProcess:
         self._cmd += [f"--tls_cert={tls[0]}", f"--tls_key={tls[1]}"] if tls else ["--insecure=1"]
         self._cmd += [f"--cheat={cheat}"] if cheat else []
         self._cmd += [] if commitments else ["--commitments=0"]
-        self._cmd += [] if reference_kernels else ["--reference_kernels=0"]
+        self._cmd += [] if reference_kernels else ["--reference_kernels=0", "--f32_attention=0"]
         self._node_key = node_key
         self._cert = tls[0].read_bytes() if tls else None
         self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this process
