@@ -2,10 +2,10 @@
 
 `EtcdClient` wraps etcd3gw (one `Etcd3Client` per member, since etcd3gw talks to one endpoint):
 a request that cannot connect, times out, or finds the member without a leader is sent to the
-next member, round after round, until `deadline_s`; then StoreUnavailable. Only those failures
-are retried; a retried write may therefore have been applied once already, which is why the
-store's compare-and-swap writes carry a writer token (etcd_store.py). Keys and values are bytes;
-revisions and lease ids are ints.
+next member, round after round, until `deadline_s`; then StoreUnavailable. A retried write may
+have been applied once already, which is why the store's compare-and-swap writes carry a writer
+token (etcd_store.py). A request etcd refuses is not retried: EtcdError. Keys and values are
+bytes; revisions and lease ids are ints.
 
 `PrefixWatch` keeps a caller's cache of one prefix current: a thread lists the prefix at revision
 R (`on_reset`), then watches it from R + 1 (`on_events`), resuming where it stopped when a quiet
@@ -30,7 +30,7 @@ from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Et
 from etcd3gw.utils import _increment_last_byte
 
 from meshnet.process import log
-from meshnet.tracker.state_store import StoreUnavailable
+from meshnet.tracker.state_store import StoreError, StoreUnavailable
 
 REQUEST_TIMEOUT_S = 2.0  # one request to one member
 DEADLINE_S = 10.0  # all members, all rounds (an election after losing the leader takes ~1-3 s)
@@ -56,8 +56,16 @@ def kv_of(raw: dict) -> dict:
             "mod_revision": int(raw.get("mod_revision", 0)), "create_revision": int(raw.get("create_revision", 0))}
 
 
-def lease_gone(err: Etcd3Exception) -> bool:
-    return "lease not found" in (err.detail_text or "")
+class EtcdError(StoreError):
+    """etcd answered and refused the request (`detail`: its message), e.g. a lease that is gone."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"etcd refused the request: {detail[:300]}")
+        self.detail = detail
+
+
+def lease_gone(err: EtcdError) -> bool:
+    return "lease not found" in err.detail
 
 
 def parse_endpoints(text: str) -> list[str]:
@@ -97,6 +105,8 @@ class EtcdClient:
                 except (ConnectionFailedError, ConnectionTimeoutError) as err:
                     last = f"{self.endpoints[index]}: {type(err).__name__} {err.detail_text or err}"[:300]
                     self.skip(index)
+                except Etcd3Exception as err:
+                    raise EtcdError(err.detail_text or str(err) or type(err).__name__) from None
                 if time.monotonic() > deadline:
                     raise StoreUnavailable(f"no etcd member answered within {self._deadline_s:g} s; last: {last}")
             rounds += 1
@@ -143,7 +153,7 @@ class EtcdClient:
         """Revokes the lease (its keys go with it); a lease already gone is no error."""
         try:
             self.post("/kv/lease/revoke", {"ID": lease})
-        except Etcd3Exception as err:
+        except EtcdError as err:
             if not lease_gone(err):
                 raise
 
@@ -184,6 +194,7 @@ class PrefixWatch:
         self._changed = threading.Condition()
         self._stopping = threading.Event()
         self._response: Optional[requests.Response] = None
+        self._session = requests.Session()  # the stream's own connection, apart from the requests' pools
         self.resyncs = 0  # listings after the first (tests and logs)
         self._watching = 0  # the member whose stream is open (or was last)
         self._resync()
@@ -211,6 +222,7 @@ class PrefixWatch:
                 pass  # already closed
             response.close()
         self._thread.join(timeout=5)
+        self._session.close()
 
     def _advance(self, revision: int) -> None:
         with self._changed:
@@ -248,8 +260,8 @@ class PrefixWatch:
         self._watching, member = self._client.member()
         create = {"key": b64(self._prefix), "range_end": b64(prefix_end(self._prefix)),
                   "start_revision": self.revision + 1, "progress_notify": True}
-        self._response = member.session.post(member.get_url("/watch"), json={"create_request": create}, stream=True,
-                                             timeout=(REQUEST_TIMEOUT_S, self._read_timeout_s))
+        self._response = self._session.post(member.get_url("/watch"), json={"create_request": create}, stream=True,
+                                            timeout=(REQUEST_TIMEOUT_S, self._read_timeout_s))
         with self._response as response:
             if response.status_code != 200:
                 raise ValueError(f"watch refused: HTTP {response.status_code}")

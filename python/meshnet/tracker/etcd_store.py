@@ -38,8 +38,6 @@ import time
 import uuid
 from typing import Callable, Optional, Sequence
 
-from etcd3gw.exceptions import Etcd3Exception
-
 from meshnet.process import log
 from meshnet.tracker import etcd_client as ec
 from meshnet.tracker import store_codec as codec
@@ -127,7 +125,7 @@ class EtcdStore:
             try:
                 reply = self._client.txn([ec.compare(self._key("nodes", node_id), "LEASE", lease)],
                                          [ec.put(self._key("loads", node_id), value, lease)])
-            except Etcd3Exception as err:
+            except ec.EtcdError as err:
                 if ec.lease_gone(err):
                     continue
                 raise
@@ -146,7 +144,7 @@ class EtcdStore:
             value = codec.node_value(dataclasses.replace(record, draining=True))
             try:
                 reply = self._client.txn([ec.compare(key, "MOD", kv["mod_revision"])], [ec.put(key, value, kv["lease"])])
-            except Etcd3Exception as err:
+            except ec.EtcdError as err:
                 if ec.lease_gone(err):
                     return False
                 raise
@@ -213,7 +211,7 @@ class EtcdStore:
                                         self._to_wall)
             try:
                 reply = self._client.txn([ec.compare(key, "MOD", kv["mod_revision"])], [ec.put(key, value, kv["lease"])])
-            except Etcd3Exception as err:
+            except ec.EtcdError as err:
                 if ec.lease_gone(err):
                     return False
                 raise

@@ -5,8 +5,9 @@ Called by service.py (gRPC threads) and by tests directly; every public method t
 lock, so the registry is safe to share. The state itself is in a `TrackerStore` (state_store.py):
 in memory by default, or shared with other trackers on etcd (etcd_store.py, ADR 0011), where a
 route session's epoch is advanced by compare-and-swap, so that of two trackers advancing one
-session at once, one wins and the other answers STALE_EPOCH. Time comes from an injected monotonic clock. Callers are
-named by their verified Ed25519 public key (`caller`, see meshnet.identity). Invariants: only
+session at once, one wins and the other answers STALE_EPOCH. Time comes from an injected
+monotonic clock. Callers are named by their verified Ed25519 public key (`caller`, see
+meshnet.identity). Invariants: only
 ROUTABLE nodes with a live lease, not draining and not banned appear in routes; a node id is
 registered, renewed, drained and removed only by the key it derives from; a route session is
 reported on and closed only by the principal that opened it; a route session's epoch only
