@@ -27,7 +27,7 @@ from meshnet.gateway.keys import KeyRing
 from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.identity.keys import Identity
 from meshnet.process import log, tracker_token, write_port_file
-from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 
 
 def parse_model(value: str) -> tuple[str, Path]:
@@ -74,7 +74,8 @@ def serve(app, sock: socket.socket, max_connections: int, port_file: Optional[Pa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Meshnet's OpenAI-compatible gateway")
-    parser.add_argument("--tracker", required=True, help="tracker host:port")
+    parser.add_argument("--tracker", required=True, type=tracker_addresses,
+                        help="tracker HOST:PORT; several, comma-separated, for replicated trackers (calls fail over between them)")
     parser.add_argument("--tracker-ca", type=Path, help="PEM that verifies the tracker's TLS certificate")
     parser.add_argument("--token-file", type=Path, help="the gateway role's token (else $MESHNET_GATEWAY_TOKEN)")
     parser.add_argument("--identity", type=Path, help="Ed25519 key file (created 0600 if absent); default: fresh")

@@ -40,7 +40,7 @@ from meshnet.node import metrics as node_metrics
 from meshnet.node.backends import Backend, GgufBackend, ReferenceBackend
 from meshnet.node.tracker_link import NodeRefused, TrackerLink
 from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
-from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
 from meshnet.relay.agent import RelayAgent
@@ -65,7 +65,8 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Meshnet node")
-    parser.add_argument("--tracker", required=True, help="tracker host:port")
+    parser.add_argument("--tracker", required=True, type=tracker_addresses,
+                        help="tracker HOST:PORT; several, comma-separated, for replicated trackers (calls fail over between them)")
     parser.add_argument("--token-file", type=Path, help="the node role's token (else $MESHNET_NODE_TOKEN)")
     parser.add_argument("--identity", required=True, type=Path, help="Ed25519 key file (created 0600 if absent)")
     parser.add_argument("--tracker-ca", type=Path, help="PEM that verifies the tracker's TLS certificate")

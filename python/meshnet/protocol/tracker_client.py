@@ -4,12 +4,20 @@ Every call is signed with the caller's identity and carries its role token (ADR 
 verifies the tracker against `tracker_ca` (plaintext only when it is None: --insecure). gRPC
 failures (unreachable, UNAUTHENTICATED, PERMISSION_DENIED) raise grpc.RpcError; structured
 errors come back in the replies' `status`.
+
+Replicated trackers (ADR 0011): `address` may list several trackers of one swarm,
+"HOST:PORT,HOST:PORT,...". Calls go to one of them; a call that finds it UNAVAILABLE (no
+connection: the tracker is down or unreachable; nothing reached it) moves to the next and is sent
+again there, until each has been tried once; the client then stays on the tracker that answered.
+Any other failure (a deadline, a refusal) is raised as is: a call that may have reached a tracker
+is not repeated behind the caller's back.
 """
 
 from __future__ import annotations
 
 import secrets
-from typing import Optional
+import threading
+from typing import Optional, Sequence
 
 import grpc
 
@@ -22,20 +30,44 @@ from meshnet.wire.ids import NodeId
 from meshnet.wire.seam import RouteSession
 
 
+MAX_TRACKERS = 16
+
+
+def tracker_addresses(address: str) -> list[str]:
+    """"HOST:PORT[,HOST:PORT...]" as a list; ValueError for an empty entry, a missing port or
+    more than MAX_TRACKERS entries."""
+    entries = [a.strip() for a in address.split(",")]
+    if not 1 <= len(entries) <= MAX_TRACKERS:
+        raise ValueError(f"between 1 and {MAX_TRACKERS} tracker addresses, got {len(entries)}")
+    for entry in entries:
+        host, _, port = entry.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"tracker address {entry!r} is not HOST:PORT")
+    return entries
+
+
 class TrackerClient:
-    def __init__(self, address: str, token: str, identity: Identity, *, tracker_ca: Optional[bytes] = None,
-                 timeout: float = 10.0) -> None:
-        if tracker_ca is None:
-            self._channel = grpc.insecure_channel(address)
-        else:
-            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tracker_ca))
-        self._stub = tracker_pb2_grpc.TrackerStub(self._channel)
+    def __init__(self, address: str | Sequence[str], token: str, identity: Identity, *,
+                 tracker_ca: Optional[bytes] = None, timeout: float = 10.0) -> None:
+        self.addresses = tracker_addresses(address) if isinstance(address, str) else list(address)
+        credentials = None if tracker_ca is None else grpc.ssl_channel_credentials(root_certificates=tracker_ca)
+        self._channels = [grpc.insecure_channel(a) if credentials is None else grpc.secure_channel(a, credentials)
+                          for a in self.addresses]
+        self._stubs = [tracker_pb2_grpc.TrackerStub(c) for c in self._channels]
+        self._current = 0  # the tracker calls go to; moves on UNAVAILABLE
+        self._lock = threading.Lock()
         self._token = token
         self.identity = identity
         self._timeout = timeout
 
+    @property
+    def address(self) -> str:
+        """The tracker calls go to now."""
+        return self.addresses[self._current]
+
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
     def __enter__(self) -> "TrackerClient":
         return self
@@ -43,11 +75,27 @@ class TrackerClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _send(self, method: str, message, signed: bool):
+        """The reply from the current tracker, or from the next ones while they are UNAVAILABLE."""
+        with self._lock:
+            first = self._current
+        for step in range(len(self._stubs)):
+            index = (first + step) % len(self._stubs)
+            metadata = (sign_request(self.identity, self._token, method, message.SerializeToString(deterministic=True))
+                        if signed else None)
+            try:
+                reply = getattr(self._stubs[index], method)(message, timeout=self._timeout, metadata=metadata)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or step == len(self._stubs) - 1:
+                    raise
+                continue
+            with self._lock:
+                self._current = index
+            return reply
+        raise AssertionError("unreachable")
+
     def _call(self, method: str, request):
-        message = codec.to_proto(request)
-        metadata = sign_request(self.identity, self._token, method, message.SerializeToString(deterministic=True))
-        reply = getattr(self._stub, method)(message, timeout=self._timeout, metadata=metadata)
-        return codec.from_proto(reply)
+        return codec.from_proto(self._send(method, codec.to_proto(request), signed=True))
 
     def register(self, request: tt.RegisterRequest) -> tt.RegisterReply:
         return self._call("Register", request)
@@ -89,5 +137,5 @@ class TrackerClient:
 
     def tracker_key(self) -> bytes:
         """The tracker's ticket key (trust it only over TLS)."""
-        reply = self._stub.TrackerKey(codec.to_proto(tt.TrackerKeyRequest()), timeout=self._timeout)
-        return codec.from_proto(reply).ticket_public_key
+        return codec.from_proto(self._send("TrackerKey", codec.to_proto(tt.TrackerKeyRequest()),
+                                           signed=False)).ticket_public_key

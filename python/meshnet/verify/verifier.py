@@ -29,7 +29,7 @@ import numpy as np
 from meshnet.identity.keys import Identity
 from meshnet.identity.tls import pinned_channel
 from meshnet.process import log, stop_on_signals, tracker_token
-from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 from meshnet.shard.v1 import shard_pb2
 from meshnet.verify import audit, commitment
 from meshnet.wire import tracker as tt
@@ -135,7 +135,7 @@ def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Meshnet verifier role")
-    parser.add_argument("--tracker", required=True)
+    parser.add_argument("--tracker", required=True, type=tracker_addresses, help="tracker HOST:PORT; several, comma-separated, for replicated trackers (calls fail over between them)")
     parser.add_argument("--tracker-ca", type=Path)
     parser.add_argument("--token-file", type=Path, help="the verifier role's token (else $MESHNET_VERIFIER_TOKEN)")
     parser.add_argument("--insecure", action="store_true")
