@@ -52,27 +52,36 @@ class TrackerProcess:
                  insecure: bool = False, host: str = "127.0.0.1", ticket_seconds: float = 600.0,
                  http: bool = False, prefix: Sequence[str] = (), relay: bool = False,
                  check_reachability: bool = False, audit_rate: Optional[float] = None,
-                 audit_seed: Optional[int] = None) -> None:
+                 audit_seed: Optional[int] = None, extra_args: Sequence[str] = (),
+                 peer: Optional["TrackerProcess"] = None, ledger_url: Optional[str] = None) -> None:
         """`prefix` runs it under another command (e.g. `ip netns exec NS`); `relay`: it also
         serves the relay role on `host` (relay_address); `check_reachability`: it sends nodes it
         cannot reach to a relay (ADR 0007). `audit_rate`/`audit_seed`: the tracker's audit draw
-        (ADR 0008; its own default rate when None)."""
+        (ADR 0008; its own default rate when None). `extra_args`: more tracker flags (e.g.
+        `--etcd H:P,H:P --etcd-prefix /p/`). `peer`: another tracker of the same swarm whose role
+        tokens, TLS certificate and ticket key this one shares (replicated trackers, ADR 0011).
+        `ledger_url`: a PostgreSQL ledger (--ledger) instead of the SQLite file `db`."""
         self.workdir, self.host, self.insecure, self.prefix = workdir, host, insecure, list(prefix)
+        self.extra_args = list(extra_args)
         self.relay, self.relay_port, self.check_reachability = relay, 0, check_reachability
         self.audit_rate, self.audit_seed = audit_rate, audit_seed
         self.http = http  # serve /metrics and /status on `host` (see http_url)
         self.http_port = 0
         self.db = db or workdir / "tracker.db"
+        self.ledger_url = ledger_url
         self.models_file = workdir / "models.json"
         self.models_file.write_text(json.dumps(models))
-        self.roles = new_role_tokens()
+        self.roles = peer.roles if peer else new_role_tokens()
         self.roles_file = tls.write_private(workdir / "roles.json", json.dumps(self.roles).encode())
         self.token_files = {role: tls.write_private(workdir / f"{role}.token", token.encode())
                             for role, token in self.roles.items()}
-        self.ticket_key = workdir / "tracker-ticket.key"
+        self.ticket_key = peer.ticket_key if peer else workdir / "tracker-ticket.key"
+        Identity.load_or_create(self.ticket_key)  # made here, so trackers started together share it
         self.ca: Optional[bytes] = None  # the tracker's certificate, which its clients trust
         self.tls: Optional[tuple[Path, Path]] = None
-        if not insecure:
+        if peer:
+            self.ca, self.tls = peer.ca, peer.tls
+        elif not insecure:
             cert, key = certificates.self_signed("meshnet-tracker", ["localhost"], [host])
             self.ca = cert
             self.tls = (tls.write_private(workdir / "tracker.crt", cert), tls.write_private(workdir / "tracker.key", key))
@@ -109,7 +118,8 @@ class TrackerProcess:
         """Starts the tracker on its port (a free one the first time)."""
         port_file = self.workdir / "tracker.port"
         port_file.unlink(missing_ok=True)
-        cmd = [*self.prefix, sys.executable, "-m", "meshnet.tracker.main", "--listen", f"{self.host}:{self.port}", "--db", str(self.db),
+        cmd = [*self.prefix, sys.executable, "-m", "meshnet.tracker.main", "--listen", f"{self.host}:{self.port}",
+               *(["--ledger", self.ledger_url] if self.ledger_url else ["--db", str(self.db)]),
                "--models", str(self.models_file), "--allow-uncertified", "--roles-file", str(self.roles_file), "--ticket-key",
                str(self.ticket_key), "--ticket-seconds", str(self.ticket_seconds),
                "--lease-seconds", str(self.lease_seconds), "--ban-seconds", str(self.ban_seconds),
@@ -130,6 +140,7 @@ class TrackerProcess:
             cmd += ["--audit-rate", str(self.audit_rate)]
         if self.audit_seed is not None:
             cmd += ["--audit-seed", str(self.audit_seed)]
+        cmd += self.extra_args
         self.proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
         self.port = wait_for_port(self.proc, port_file, self.log, 60, "tracker")
         if self.http:  # written before the gRPC port file
@@ -248,7 +259,7 @@ class LocalSwarm:
                  max_kv_tokens: Optional[int] = None, insecure: bool = False, ban_seconds: float = 30.0,
                  max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False,
                  node_advertise: Sequence[str] = (), node_ggufs: Sequence[Path] = (), node_args: Sequence[str] = (),
-                 audit_rate: Optional[float] = None) -> None:
+                 audit_rate: Optional[float] = None, control_plane=None) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
         namespaces; by default every process is on loopback. `node_ggufs` (one per cut) are
         byte-identical copies of `gguf` each node reads instead, so nodes share no page cache, as
@@ -257,15 +268,17 @@ class LocalSwarm:
         it; see NodeProcess.port for the bound one). `insecure`: plaintext links.
         `ban_seconds`/`max_ban_seconds`: how long the tracker avoids a node reported failed.
         `http`: the tracker serves /metrics and /status; `node_metrics`: every node serves /metrics.
-        `node_args`: more flags for every node; `audit_rate`: the tracker's (ADR 0008)."""
+        `node_args`: more flags for every node; `audit_rate`: the tracker's (ADR 0008).
+        `control_plane`: the trackers to use instead of one TrackerProcess (e.g. a
+        swarm.replicated.ReplicatedTrackers: nodes then get every tracker's address)."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
-        self.tracker = TrackerProcess(workdir, [certify(gguf, model, backend)], lease_seconds=lease_seconds, host=host,
-                                      insecure=insecure, ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds,
-                                      http=http, audit_rate=audit_rate)
+        self.tracker = control_plane or TrackerProcess(
+            workdir, [certify(gguf, model, backend)], lease_seconds=lease_seconds, host=host, insecure=insecure,
+            ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate)
         self.insecure, self.node_metrics, self.node_args = insecure, node_metrics, list(node_args)
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens

@@ -102,6 +102,15 @@ class EtcdCluster:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
 
+    def leader(self) -> int:
+        """The index of the member that leads the cluster now (asked of the cluster itself)."""
+        from meshnet.tracker.etcd_client import EtcdClient  # the store's client, only when asked
+
+        client = EtcdClient(self.endpoints)
+        leader = client.post("/maintenance/status", {})["leader"]
+        names = {m["ID"]: m["name"] for m in client.post("/cluster/member/list", {})["members"]}
+        return self.names.index(names[leader])
+
     def healthy(self, i: int) -> bool:
         url = f"http://127.0.0.1:{self.client_ports[i]}/health"
         try:

@@ -181,15 +181,8 @@ def test_the_key_layout_leases_and_bounds(trackers, etcd):
     assert store_codec.MAX_VALUE_BYTES < 1_500_000  # inside etcd's default request limit
 
 
-def leader_index(etcd) -> int:
-    client = ec.EtcdClient(etcd.endpoints)
-    leader = client.post("/maintenance/status", {})["leader"]
-    names = {m["ID"]: m["name"] for m in client.post("/cluster/member/list", {})["members"]}
-    return etcd.names.index(names[leader])
-
-
 def test_the_service_goes_on_while_one_etcd_member_of_three_is_down(etcd):
-    victim = leader_index(etcd)  # the leader, and the member both trackers talk to and watch first
+    victim = etcd.leader()  # the leader, and the member both trackers talk to and watch first
     endpoints = etcd.endpoints[victim:] + etcd.endpoints[:victim]
     prefix = f"/meshnet/test-{uuid.uuid4().hex[:8]}/"
     a, b = (Registry([MODEL], store=EtcdStore(endpoints, prefix)) for _ in range(2))
