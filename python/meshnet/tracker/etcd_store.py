@@ -142,16 +142,24 @@ class EtcdStore:
                 return False
             record = codec.node_record(codec.load(kv["value"]))
             value = codec.node_value(dataclasses.replace(record, draining=True))
-            try:
-                reply = self._client.txn([ec.compare(key, "MOD", kv["mod_revision"])], [ec.put(key, value, kv["lease"])])
-            except ec.EtcdError as err:
-                if ec.lease_gone(err):
-                    return False
-                raise
-            if reply["succeeded"]:
-                self._written(reply["revision"])
-                return True
+            swapped = self._swap(key, kv, value)
+            if swapped is not None:
+                return swapped
         raise StoreError(f"draining {node_id} lost {CAS_ATTEMPTS} compare-and-swaps in a row")
+
+    def _swap(self, key: str, kv: dict, value: str) -> Optional[bool]:
+        """Puts `value` at `key`, on kv's lease, if the key is still at kv's mod_revision: True when
+        written, None when another write came first (read again), False when the lease is gone."""
+        try:
+            reply = self._client.txn([ec.compare(key, "MOD", kv["mod_revision"])], [ec.put(key, value, kv["lease"])])
+        except ec.EtcdError as err:
+            if ec.lease_gone(err):
+                return False
+            raise
+        if not reply["succeeded"]:
+            return None
+        self._written(reply["revision"])
+        return True
 
     def remove_node(self, node_id: NodeId) -> bool:
         reply = self._client.txn([], [ec.delete(self._key("nodes", node_id)), ec.delete(self._key("loads", node_id))])
@@ -209,15 +217,9 @@ class EtcdStore:
                 return False
             value = codec.session_value(dataclasses.replace(record, lease_until=self._clock() + lease_seconds), writer,
                                         self._to_wall)
-            try:
-                reply = self._client.txn([ec.compare(key, "MOD", kv["mod_revision"])], [ec.put(key, value, kv["lease"])])
-            except ec.EtcdError as err:
-                if ec.lease_gone(err):
-                    return False
-                raise
-            if reply["succeeded"]:
-                self._written(reply["revision"])
-                return True
+            swapped = self._swap(key, kv, value)
+            if swapped is not None:
+                return swapped
         raise StoreError(f"advancing route session {session_id} lost {CAS_ATTEMPTS} compare-and-swaps in a row")
 
     def renew_session(self, session_id: SessionId, epoch: int, lease_seconds: float) -> bool:
