@@ -1,81 +1,40 @@
-"""The durable work ledger: tokens processed per (session, epoch, node), in SQLite (WAL).
+"""The durable work ledger: tokens processed per (session, epoch, node), for billing and attribution.
 
-Called by service.py: `issue` when a route epoch is handed out, `record` for ReportWork; by the
-tracker's web endpoints (web.py) for totals; and from the command line:
-  python -m meshnet.tracker.ledger --db tracker.db totals [by-node | by-client]
+Called by service.py: `issue` when a route epoch is handed out, `record` for ReportWork; by
+audits.py for verdicts; by the tracker's web endpoints (web.py, metrics.py) for totals; and from
+the command line:
+  python -m meshnet.tracker.ledger (--db tracker.db | --ledger postgresql://...) totals [by-node | by-client]
 Each issued triple carries the route's client_id (as its opener named it: a gateway opens routes
 as "key:<API key name>"), so work is attributed per node and per client.
-Invariants: `issue` and `record` return only after their transaction is committed with
-synchronous=FULL, so an acknowledged report survives a crash (kill -9) of the tracker; work is
-counted only for triples the tracker issued, at most once per (node, report id), and never more
-than the triple's token cap (the route's expected tokens), so totals stay bounded (no SQL
-integer overflow: each row is at most MAX_EXPECTED_TOKENS). Thread-safe (one lock).
+This module holds the rules; a store holds the rows (ledger_store.py): a SQLite file, the
+embedded default (ledger_sqlite.py), or a PostgreSQL database that several trackers share
+(ledger_postgres.py, issue 20). The SQL here is what both accept.
+Invariants, on either store and across trackers sharing one database: `issue`, `record` and
+`record_audit` return only after their transaction is durably committed, so an acknowledged
+report survives a crash (kill -9) of the tracker; work is counted only for triples a tracker
+issued, at most once per (node, report id), and never more than the triple's token cap (the
+route's expected tokens), so totals stay bounded (no SQL integer overflow: each row is at most
+MAX_EXPECTED_TOKENS). Thread-safe (the store serializes its connection).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import sqlite3
-import threading
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
+from meshnet.tracker.ledger_postgres import PostgresLedgerStore, is_postgres_url
+from meshnet.tracker.ledger_sqlite import SqliteLedgerStore
+from meshnet.tracker.ledger_store import LedgerStore, LedgerUnavailable, Sql
 from meshnet.wire.status import StatusCode
 from meshnet.wire.tracker import WorkEntry
 
 MAX_REPORT_ID = (1 << 63) - 1
+MAX_SQL_INTEGER = (1 << 63) - 1  # a larger epoch (the wire's is uint64) was never issued
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS issued (
-    session_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    node_id TEXT NOT NULL,
-    max_tokens INTEGER NOT NULL,
-    issued_at REAL NOT NULL,
-    client_id TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (session_id, epoch, node_id)
-);
-CREATE TABLE IF NOT EXISTS work (
-    id INTEGER PRIMARY KEY,
-    node_id TEXT NOT NULL,
-    report_id INTEGER NOT NULL,
-    session_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    prefill_tokens INTEGER NOT NULL,
-    decode_tokens INTEGER NOT NULL,
-    recorded_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS work_by_node ON work (node_id);
-CREATE INDEX IF NOT EXISTS work_by_report ON work (node_id, report_id);
-CREATE INDEX IF NOT EXISTS work_by_triple ON work (session_id, epoch, node_id);
-CREATE TABLE IF NOT EXISTS audits (
-    audit_id INTEGER PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    model TEXT NOT NULL,
-    passed INTEGER NOT NULL,
-    culprit TEXT NOT NULL,
-    checked INTEGER NOT NULL,
-    evidence TEXT NOT NULL,
-    reported_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS quarantine (
-    node_id TEXT PRIMARY KEY,
-    audit_id INTEGER NOT NULL,
-    at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS withheld (
-    session_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    node_id TEXT NOT NULL,
-    audit_id INTEGER NOT NULL,
-    PRIMARY KEY (session_id, epoch, node_id)
-);
-"""
 # Work that counts: every row but those of a triple withheld by a failed audit (ADR 0008).
 _CREDITED = ("(SELECT * FROM work AS c WHERE NOT EXISTS (SELECT 1 FROM withheld AS h WHERE "
              "h.session_id = c.session_id AND h.epoch = c.epoch AND h.node_id = c.node_id))")
@@ -105,159 +64,187 @@ class WorkRefused(Exception):
         self.code = code
 
 
-class Ledger:
-    def __init__(self, path: str | Path) -> None:
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(work)")}
-        if columns and "report_id" not in columns:
-            raise SystemExit(f"ledger {path} predates issued triples (ADR 0003); move it aside to start a new one")
-        self._db.executescript(_SCHEMA)
-        issued = {row[1] for row in self._db.execute("PRAGMA table_info(issued)")}
-        if "client_id" not in issued:  # a ledger from before per-client attribution
-            self._db.execute("ALTER TABLE issued ADD COLUMN client_id TEXT NOT NULL DEFAULT ''")
+@dataclasses.dataclass
+class _Allowance:
+    """One issued triple, inside the transaction counting a report (its issued row locked)."""
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """The lock and one write transaction: committed (durably) on success, rolled back on error."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    cap: int  # the triple's max_tokens
+    counted: int  # its tokens counted so far, this report's accepted entries included
+
+
+class Ledger:
+    def __init__(self, location: str | Path) -> None:
+        """`location`: a postgresql:// URL, or the path of a SQLite file (created if missing).
+        Raises LedgerUnavailable when the database cannot be reached."""
+        self._store: LedgerStore = (PostgresLedgerStore(location) if is_postgres_url(location)
+                                    else SqliteLedgerStore(Path(location)))
+
+    @property
+    def location(self) -> str:
+        """The file or the URL (without its password), for logs."""
+        return self._store.location
 
     def issue(self, triples: Iterable[tuple[str, int, str]], max_tokens: int, client_id: str = "") -> None:
         """Records that each (session id, epoch, node id) may report up to `max_tokens`, on a
-        route opened by `client_id`."""
+        route opened by `client_id`. A triple already issued keeps its first cap and client."""
         now = time.time()
-        rows = [(session_id, epoch, node, max_tokens, now, client_id) for session_id, epoch, node in triples]
-        with self._transaction():
-            self._db.executemany("INSERT OR IGNORE INTO issued (session_id, epoch, node_id, max_tokens, issued_at, "
-                                 "client_id) VALUES (?, ?, ?, ?, ?, ?)", rows)
+        # Sorted: trackers issuing overlapping triples at once wait on each other's keys in one order.
+        rows = [(session, epoch, node, max_tokens, now, client_id) for session, epoch, node in sorted(set(triples))]
+        self._store.write(lambda sql: sql.executemany(
+            "INSERT INTO issued (session_id, epoch, node_id, max_tokens, issued_at, client_id) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", rows))
 
     def record(self, node_id: str, report_id: int, entries: Sequence[WorkEntry]) -> int:
         """Counts `entries` in one committed transaction and returns how many; 0 for a report
-        already counted. Raises WorkRefused (and writes nothing) for any entry that is malformed,
-        not issued to `node_id`, or over its triple's cap."""
+        already counted (by any tracker on this ledger's database) or without entries. Raises
+        WorkRefused (and writes nothing) for any entry that is malformed, not issued to
+        `node_id`, or over its triple's cap (together with the report's other entries on it)."""
         if not 0 < report_id <= MAX_REPORT_ID:
             raise WorkRefused(StatusCode.INVALID_ARGUMENT, f"report_id must be in 1..{MAX_REPORT_ID}")
+        if not entries:
+            return 0
         now = time.time()
-        with self._transaction():
-            if self._db.execute("SELECT 1 FROM work WHERE node_id = ? AND report_id = ? LIMIT 1",
-                                (node_id, report_id)).fetchone():
-                return 0
-            rows = [self._checked_row(node_id, report_id, e, now) for e in entries]
-            self._db.executemany("INSERT INTO work (node_id, report_id, session_id, epoch, prefill_tokens, "
-                                 "decode_tokens, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        return self._store.write(lambda sql: self._record(sql, node_id, report_id, entries, now))
+
+    def _record(self, sql: Sql, node_id: str, report_id: int, entries: Sequence[WorkEntry], now: float) -> int:
+        """Inside the write transaction."""
+        if not self._store.claim_report(sql, node_id, report_id, now):
+            return 0
+        allowances = self._allowances(sql, node_id, entries)
+        rows = [_checked_row(node_id, report_id, e, allowances, now) for e in entries]
+        sql.executemany("INSERT INTO work (node_id, report_id, session_id, epoch, prefill_tokens, decode_tokens, "
+                        "recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
         return len(rows)
 
-    def _checked_row(self, node_id: str, report_id: int, e: WorkEntry, now: float) -> tuple:
-        """Lock and transaction held."""
-        if e.session is None or not e.session.session_id:
-            raise WorkRefused(StatusCode.INVALID_ARGUMENT, "work entry without a route session")
-        key = (e.session.session_id, e.session.epoch, node_id)
-        issued = self._db.execute("SELECT max_tokens FROM issued WHERE session_id = ? AND epoch = ? AND node_id = ?",
-                                  key).fetchone()
-        if issued is None:
-            raise WorkRefused(StatusCode.PERMISSION_DENIED, f"session {key[0]!r} epoch {key[1]} was not issued to "
-                                                            f"node {node_id!r}")
-        (done,) = self._db.execute("SELECT COALESCE(SUM(prefill_tokens + decode_tokens), 0) FROM work "
-                                   "WHERE session_id = ? AND epoch = ? AND node_id = ?", key).fetchone()
-        tokens = e.prefill_tokens + e.decode_tokens
-        if e.prefill_tokens < 0 or e.decode_tokens < 0 or done + tokens > issued[0]:
-            raise WorkRefused(StatusCode.INVALID_ARGUMENT,
-                              f"{tokens} more tokens for session {key[0]!r} epoch {key[1]} exceed its cap of "
-                              f"{issued[0]} ({done} already counted)")
-        return (node_id, report_id, e.session.session_id, e.session.epoch, e.prefill_tokens, e.decode_tokens, now)
+    def _allowances(self, sql: Sql, node_id: str, entries: Sequence[WorkEntry]) -> dict[tuple[str, int], _Allowance]:
+        """(session id, epoch) -> allowance, for each triple of `node_id` that `entries` name and
+        a tracker issued. Locks their issued rows in sorted order, then sums their work: any
+        other transaction counting against them has committed by then, or waits for this one."""
+        allowances = {}
+        for session_id, epoch in sorted({(e.session.session_id, e.session.epoch) for e in entries if _issuable(e)}):
+            key = (session_id, epoch, node_id)
+            issued = sql.execute("SELECT max_tokens FROM issued WHERE session_id = ? AND epoch = ? AND node_id = ?"
+                                 + self._store.row_lock, key).fetchone()
+            if issued is not None:
+                (counted,) = sql.execute("SELECT CAST(COALESCE(SUM(prefill_tokens + decode_tokens), 0) AS BIGINT) "
+                                         "FROM work WHERE session_id = ? AND epoch = ? AND node_id = ?", key).fetchone()
+                allowances[(session_id, epoch)] = _Allowance(issued[0], counted)
+        return allowances
 
     def totals(self, limit: Optional[int] = None) -> list[NodeTotals]:
         """Per node, by node id; with `limit`, only the `limit` nodes with the most tokens."""
         order = "node_id" if limit is None else "SUM(prefill_tokens + decode_tokens) DESC, node_id"
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT node_id, COUNT(DISTINCT session_id), SUM(prefill_tokens), SUM(decode_tokens) "
-                f"FROM {_CREDITED} GROUP BY node_id ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,)).fetchall()
-        return [NodeTotals(*row) for row in rows]
+        query = ("SELECT node_id, COUNT(DISTINCT session_id), CAST(SUM(prefill_tokens) AS BIGINT), "
+                 f"CAST(SUM(decode_tokens) AS BIGINT) FROM {_CREDITED} AS w GROUP BY node_id ORDER BY {order}")
+        return [NodeTotals(*row) for row in self._store.read(lambda sql: _limited(sql, query, limit))]
 
     def totals_by_client(self, limit: Optional[int] = None) -> list[ClientTotals]:
         """Per client_id of the routes the work was done on, by client id; with `limit`, only the
         `limit` clients with the most tokens."""
         order = "i.client_id" if limit is None else "SUM(w.prefill_tokens + w.decode_tokens) DESC, i.client_id"
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT i.client_id, COUNT(DISTINCT w.session_id), SUM(w.prefill_tokens), SUM(w.decode_tokens) "
-                f"FROM {_CREDITED} AS w JOIN issued AS i "
-                "ON i.session_id = w.session_id AND i.epoch = w.epoch AND i.node_id = w.node_id "
-                f"GROUP BY i.client_id ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,)).fetchall()
-        return [ClientTotals(*row) for row in rows]
+        query = ("SELECT i.client_id, COUNT(DISTINCT w.session_id), CAST(SUM(w.prefill_tokens) AS BIGINT), "
+                 f"CAST(SUM(w.decode_tokens) AS BIGINT) FROM {_CREDITED} AS w JOIN issued AS i "
+                 "ON i.session_id = w.session_id AND i.epoch = w.epoch AND i.node_id = w.node_id "
+                 f"GROUP BY i.client_id ORDER BY {order}")
+        return [ClientTotals(*row) for row in self._store.read(lambda sql: _limited(sql, query, limit))]
 
     def overall(self) -> tuple[int, int, int]:
         """(distinct route sessions, prefill tokens, decode tokens) over all work counted."""
-        with self._lock:
-            return self._db.execute("SELECT COUNT(DISTINCT session_id), COALESCE(SUM(prefill_tokens), 0), "
-                                    f"COALESCE(SUM(decode_tokens), 0) FROM {_CREDITED}").fetchone()
+        return self._store.read(lambda sql: tuple(sql.execute(
+            "SELECT COUNT(DISTINCT session_id), CAST(COALESCE(SUM(prefill_tokens), 0) AS BIGINT), "
+            f"CAST(COALESCE(SUM(decode_tokens), 0) AS BIGINT) FROM {_CREDITED} AS w").fetchone()))
 
     def record_audit(self, audit_id: int, session_id: str, epoch: int, model: str, passed: bool, culprit: str,
                      checked: int, evidence: str) -> None:
         """An audit's verdict (ADR 0008); a failed one also quarantines `culprit` and withholds
         its credit for the audited (session, epoch), in the same committed transaction."""
         now = time.time()
-        with self._transaction():
-            self._db.execute("INSERT OR REPLACE INTO audits (audit_id, session_id, epoch, model, passed, culprit, "
-                             "checked, evidence, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (audit_id, session_id, epoch, model, int(passed), culprit, checked, evidence, now))
+
+        def write(sql: Sql) -> None:
+            sql.execute("INSERT INTO audits (audit_id, session_id, epoch, model, passed, culprit, checked, evidence, "
+                        "reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (audit_id) DO UPDATE SET "
+                        "session_id = excluded.session_id, epoch = excluded.epoch, model = excluded.model, "
+                        "passed = excluded.passed, culprit = excluded.culprit, checked = excluded.checked, "
+                        "evidence = excluded.evidence, reported_at = excluded.reported_at",
+                        (audit_id, session_id, epoch, model, int(passed), culprit, checked, evidence, now))
             if not passed:
-                self._db.execute("INSERT OR IGNORE INTO quarantine (node_id, audit_id, at) VALUES (?, ?, ?)",
-                                 (culprit, audit_id, now))
-                self._db.execute("INSERT OR IGNORE INTO withheld (session_id, epoch, node_id, audit_id) "
-                                 "VALUES (?, ?, ?, ?)", (session_id, epoch, culprit, audit_id))
+                sql.execute("INSERT INTO quarantine (node_id, audit_id, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                            (culprit, audit_id, now))
+                sql.execute("INSERT INTO withheld (session_id, epoch, node_id, audit_id) VALUES (?, ?, ?, ?) "
+                            "ON CONFLICT DO NOTHING", (session_id, epoch, culprit, audit_id))
+        self._store.write(write)
 
     def quarantined(self) -> set[str]:
         """Nodes that failed an audit."""
-        with self._lock:
-            return {row[0] for row in self._db.execute("SELECT node_id FROM quarantine")}
+        return self._store.read(lambda sql: {row[0] for row in sql.execute("SELECT node_id FROM quarantine")})
 
     def audits(self) -> list[dict]:
         """Every recorded verdict, oldest first (for the status page and the evidence)."""
-        with self._lock:
-            rows = self._db.execute("SELECT audit_id, session_id, epoch, model, passed, culprit, checked, evidence "
-                                    "FROM audits ORDER BY reported_at").fetchall()
+        rows = self._store.read(lambda sql: sql.execute(
+            "SELECT audit_id, session_id, epoch, model, passed, culprit, checked, evidence "
+            "FROM audits ORDER BY reported_at").fetchall())
         keys = ("audit_id", "session_id", "epoch", "model", "passed", "culprit", "checked", "evidence")
         return [dict(zip(keys, row)) for row in rows]
 
     def withheld_tokens(self, node_id: str) -> int:
         """Tokens `node_id` reported for triples a failed audit withheld."""
-        with self._lock:
-            (tokens,) = self._db.execute(
-                "SELECT COALESCE(SUM(w.prefill_tokens + w.decode_tokens), 0) FROM work AS w JOIN withheld AS h "
-                "ON h.session_id = w.session_id AND h.epoch = w.epoch AND h.node_id = w.node_id "
-                "WHERE w.node_id = ?", (node_id,)).fetchone()
-        return tokens
+        return self._store.read(lambda sql: sql.execute(
+            "SELECT CAST(COALESCE(SUM(w.prefill_tokens + w.decode_tokens), 0) AS BIGINT) FROM work AS w "
+            "JOIN withheld AS h ON h.session_id = w.session_id AND h.epoch = w.epoch AND h.node_id = w.node_id "
+            "WHERE w.node_id = ?", (node_id,)).fetchone()[0])
 
     def sessions(self) -> set[str]:
-        with self._lock:
-            return {row[0] for row in self._db.execute("SELECT DISTINCT session_id FROM work")}
+        return self._store.read(lambda sql: {row[0] for row in sql.execute("SELECT DISTINCT session_id FROM work")})
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._store.close()
+
+
+def _issuable(e: WorkEntry) -> bool:
+    """Whether a tracker could have issued the entry's triple (a key the database can hold)."""
+    return (e.session is not None and bool(e.session.session_id) and "\x00" not in e.session.session_id
+            and 0 <= e.session.epoch <= MAX_SQL_INTEGER)
+
+
+def _checked_row(node_id: str, report_id: int, e: WorkEntry, allowances: dict[tuple[str, int], _Allowance],
+                 now: float) -> tuple:
+    """The work row of `e`, counted against its allowance; raises WorkRefused."""
+    if e.session is None or not e.session.session_id:
+        raise WorkRefused(StatusCode.INVALID_ARGUMENT, "work entry without a route session")
+    allowance = allowances.get((e.session.session_id, e.session.epoch))
+    if allowance is None:
+        raise WorkRefused(StatusCode.PERMISSION_DENIED, f"session {e.session.session_id!r} epoch {e.session.epoch} "
+                                                        f"was not issued to node {node_id!r}")
+    tokens = e.prefill_tokens + e.decode_tokens
+    if e.prefill_tokens < 0 or e.decode_tokens < 0 or allowance.counted + tokens > allowance.cap:
+        raise WorkRefused(StatusCode.INVALID_ARGUMENT,
+                          f"{tokens} more tokens for session {e.session.session_id!r} epoch {e.session.epoch} exceed "
+                          f"its cap of {allowance.cap} ({allowance.counted} already counted)")
+    allowance.counted += tokens
+    return (node_id, report_id, e.session.session_id, e.session.epoch, e.prefill_tokens, e.decode_tokens, now)
+
+
+def _limited(sql: Sql, query: str, limit: Optional[int]) -> list[tuple]:
+    return sql.execute(query + " LIMIT ?", (limit,)).fetchall() if limit is not None else sql.execute(query).fetchall()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Read the tracker's work ledger.")
-    parser.add_argument("--db", required=True, type=Path)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="the SQLite ledger file")
+    where.add_argument("--ledger", metavar="URL", help="the PostgreSQL ledger: postgresql://USER@HOST:PORT/DATABASE")
     parser.add_argument("command", choices=["totals"])
     parser.add_argument("view", nargs="?", choices=["by-node", "by-client"], default="by-node",
                         help="tokens and sessions per node (default) or per client_id of the routes")
     args = parser.parse_args()
-    if not args.db.exists():
+    if args.db is not None and not args.db.exists():
         parser.error(f"no ledger at {args.db}")
-    ledger = Ledger(args.db)
+    if args.ledger is not None and not is_postgres_url(args.ledger):
+        parser.error("--ledger takes a postgresql:// URL (a SQLite file is --db)")
+    try:
+        ledger = Ledger(args.db if args.db is not None else args.ledger)
+    except LedgerUnavailable as err:
+        parser.error(str(err))
     totals = ledger.totals() if args.view == "by-node" else ledger.totals_by_client()
     print(json.dumps([dataclasses.asdict(t) for t in totals], indent=2))
     ledger.close()

@@ -1,5 +1,8 @@
-"""Ledger: only issued triples count, once per report, within their cap; totals survive reopen;
-work is attributed per client; an old ledger gains the client column."""
+"""Ledger, on both stores (a SQLite file; a PostgreSQL database on a real server started by
+postgres_server.py, skipped with the reason where it cannot start): only issued triples count,
+once per report, within their cap; totals survive reopen; work is attributed per client; the
+command line prints totals. SQLite only: an old ledger gains the client column. Several trackers
+on one PostgreSQL database: ledger_postgres_test.py."""
 
 import json
 import sqlite3
@@ -9,6 +12,7 @@ import pytest
 
 from meshnet.tracker.ledger import ClientTotals, Ledger, NodeTotals, WorkRefused
 from meshnet.tracker.ledger import main as ledger_main
+from meshnet.tracker.postgres_server import server_or_skip
 from meshnet.wire.seam import RouteSession
 from meshnet.wire.status import StatusCode
 from meshnet.wire.tracker import WorkEntry
@@ -16,21 +20,48 @@ from meshnet.wire.tracker import WorkEntry
 CAP = 1 << 24  # the registry's MAX_EXPECTED_TOKENS: the largest cap a route can have
 
 
-def test_record_totals_and_reopen(tmp_path):
-    db = tmp_path / "ledger.db"
-    ledger = Ledger(db)
+@pytest.fixture(scope="module")
+def postgres():
+    server = server_or_skip()
+    yield server
+    server.teardown()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path):
+    """Where a new ledger goes: a SQLite file's path, or the URL of a new schema on a PostgreSQL server."""
+    if request.param == "sqlite":
+        return tmp_path / "ledger.db"
+    return request.getfixturevalue("postgres").new_schema()
+
+
+@pytest.fixture
+def opened():
+    """Ledger(location), closed after the test."""
+    ledgers = []
+
+    def open_ledger(location):
+        ledgers.append(Ledger(location))
+        return ledgers[-1]
+    yield open_ledger
+    for ledger in ledgers:
+        ledger.close()
+
+
+def test_record_totals_and_reopen(opened, db):
+    ledger = opened(db)
     ledger.issue([("s1", 1, "a"), ("s1", 1, "b"), ("s1", 2, "a"), ("s2", 1, "a")], 200)
     assert ledger.record("a", 1, [WorkEntry(RouteSession("s1", 1), 100, 10), WorkEntry(RouteSession("s2", 1), 5, 1)]) == 2
     assert ledger.record("a", 2, [WorkEntry(RouteSession("s1", 2), 0, 7)]) == 1
     assert ledger.record("b", 1, [WorkEntry(RouteSession("s1", 1), 100, 10)]) == 1
     ledger.close()
-    reopened = Ledger(db)
+    reopened = opened(db)
     assert reopened.totals() == [NodeTotals("a", 2, 105, 18), NodeTotals("b", 1, 100, 10)]
     assert reopened.sessions() == {"s1", "s2"}
 
 
-def test_a_repeated_report_is_acknowledged_and_not_counted_again(tmp_path):
-    ledger = Ledger(tmp_path / "ledger.db")
+def test_a_repeated_report_is_acknowledged_and_not_counted_again(opened, db):
+    ledger = opened(db)
     ledger.issue([("s", 1, "a")], 100)
     entry = [WorkEntry(RouteSession("s", 1), 10, 5)]
     assert ledger.record("a", 7, entry) == 1
@@ -42,6 +73,8 @@ def test_a_repeated_report_is_acknowledged_and_not_counted_again(tmp_path):
 @pytest.mark.parametrize("node,entry,code", [
     ("a", WorkEntry(RouteSession("unissued", 1), 1, 1), StatusCode.PERMISSION_DENIED),
     ("a", WorkEntry(RouteSession("s", 2), 1, 1), StatusCode.PERMISSION_DENIED),  # another epoch
+    ("a", WorkEntry(RouteSession("s", (1 << 64) - 1), 1, 1), StatusCode.PERMISSION_DENIED),  # the wire's largest
+    ("a", WorkEntry(RouteSession("s\x00", 1), 1, 1), StatusCode.PERMISSION_DENIED),  # no database key holds NUL
     ("intruder", WorkEntry(RouteSession("s", 1), 1, 1), StatusCode.PERMISSION_DENIED),  # not on the route
     ("a", WorkEntry(RouteSession("s", 1), 90, 11), StatusCode.INVALID_ARGUMENT),  # over the cap of 100
     ("a", WorkEntry(RouteSession("s", 1), (1 << 62) - 1, (1 << 62) - 1), StatusCode.INVALID_ARGUMENT),
@@ -49,8 +82,8 @@ def test_a_repeated_report_is_acknowledged_and_not_counted_again(tmp_path):
     ("a", WorkEntry(None, 1, 1), StatusCode.INVALID_ARGUMENT),
     ("a", WorkEntry(RouteSession("", 1), 1, 1), StatusCode.INVALID_ARGUMENT),
 ])
-def test_refused_reports_write_nothing(tmp_path, node, entry, code):
-    ledger = Ledger(tmp_path / "ledger.db")
+def test_refused_reports_write_nothing(opened, db, node, entry, code):
+    ledger = opened(db)
     ledger.issue([("s", 1, "a")], 100)
     with pytest.raises(WorkRefused) as err:
         ledger.record(node, 1, [WorkEntry(RouteSession("s", 1), 1, 1), entry])
@@ -58,9 +91,21 @@ def test_refused_reports_write_nothing(tmp_path, node, entry, code):
     assert ledger.totals() == []
 
 
-def test_maximum_size_work_keeps_totals_exact(tmp_path):
+def test_entries_of_one_report_count_together_against_their_cap(opened, db):
+    ledger = opened(db)
+    ledger.issue([("s", 1, "a")], 100)
+    half = WorkEntry(RouteSession("s", 1), 30, 30)
+    with pytest.raises(WorkRefused) as err:
+        ledger.record("a", 1, [half, half])  # 120 tokens on one triple capped at 100
+    assert err.value.code == StatusCode.INVALID_ARGUMENT and "(60 already counted)" in str(err.value)
+    assert ledger.totals() == []
+    assert ledger.record("a", 1, [half, WorkEntry(RouteSession("s", 1), 20, 20)]) == 2  # exactly the cap
+    assert ledger.totals() == [NodeTotals("a", 1, 50, 50)]
+
+
+def test_maximum_size_work_keeps_totals_exact(opened, db):
     """Three reports at the largest cap a route can have (the old ledger's SUM overflowed)."""
-    ledger = Ledger(tmp_path / "ledger.db")
+    ledger = opened(db)
     for i in range(3):
         ledger.issue([(f"s{i}", 1, "a")], CAP)
         assert ledger.record("a", i + 1, [WorkEntry(RouteSession(f"s{i}", 1), CAP - 1, 1)]) == 1
@@ -71,8 +116,8 @@ def test_maximum_size_work_keeps_totals_exact(tmp_path):
         ledger.record("a", 0, [WorkEntry(RouteSession("s0", 1), 0, 0)])  # report ids start at 1
 
 
-def test_work_is_attributed_to_the_client_of_its_route(tmp_path):
-    ledger = Ledger(tmp_path / "ledger.db")
+def test_work_is_attributed_to_the_client_of_its_route(opened, db):
+    ledger = opened(db)
     ledger.issue([("s1", 1, "a"), ("s1", 1, "b")], 100, client_id="key:alice")
     ledger.issue([("s1", 2, "a")], 100, client_id="key:alice")  # a failover keeps the route's client
     ledger.issue([("s2", 1, "a")], 100, client_id="key:bob")
@@ -87,7 +132,7 @@ def test_work_is_attributed_to_the_client_of_its_route(tmp_path):
     assert ledger.overall() == (3, 40, 15)
 
 
-def test_an_old_ledger_gains_the_client_column_and_keeps_its_work(tmp_path):
+def test_an_old_ledger_gains_the_client_column_and_keeps_its_work(opened, tmp_path):
     """A ledger written before per-client attribution: its `issued` table has no client_id."""
     db = tmp_path / "old.db"
     old = sqlite3.connect(db)
@@ -103,27 +148,27 @@ def test_an_old_ledger_gains_the_client_column_and_keeps_its_work(tmp_path):
     """)
     old.commit()
     old.close()
-    ledger = Ledger(db)
+    ledger = opened(db)
     assert ledger.totals() == [NodeTotals("a", 1, 20, 5)]
     assert ledger.totals_by_client() == [ClientTotals("", 1, 20, 5)]
     ledger.issue([("new", 1, "a")], 100, client_id="key:carol")
     assert ledger.record("a", 2, [WorkEntry(RouteSession("new", 1), 1, 1)]) == 1
     ledger.close()
-    reopened = Ledger(db)  # the migration ran once; reopening finds the column
+    reopened = opened(db)  # the migration ran once; reopening finds the column
     assert reopened.totals_by_client() == [ClientTotals("", 1, 20, 5), ClientTotals("key:carol", 1, 1, 1)]
 
 
-def test_the_command_line_prints_totals_by_client(tmp_path, capsys, monkeypatch):
-    db = tmp_path / "ledger.db"
-    ledger = Ledger(db)
+def test_the_command_line_prints_totals_by_client(opened, db, capsys, monkeypatch):
+    ledger = opened(db)
     ledger.issue([("s", 1, "a")], 100, client_id="key:alice")
     ledger.record("a", 1, [WorkEntry(RouteSession("s", 1), 4, 2)])
     ledger.close()
-    monkeypatch.setattr(sys, "argv", ["ledger", "--db", str(db), "totals", "by-client"])
+    where = ["--ledger", db] if isinstance(db, str) else ["--db", str(db)]
+    monkeypatch.setattr(sys, "argv", ["ledger", *where, "totals", "by-client"])
     ledger_main()
     assert json.loads(capsys.readouterr().out) == [
         {"client_id": "key:alice", "sessions": 1, "prefill_tokens": 4, "decode_tokens": 2}]
-    monkeypatch.setattr(sys, "argv", ["ledger", "--db", str(db), "totals"])
+    monkeypatch.setattr(sys, "argv", ["ledger", *where, "totals"])
     ledger_main()
     assert json.loads(capsys.readouterr().out) == [
         {"node_id": "a", "sessions": 1, "prefill_tokens": 4, "decode_tokens": 2}]

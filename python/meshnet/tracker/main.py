@@ -1,5 +1,9 @@
-"""`bazel run //python:tracker -- --listen HOST:PORT --db PATH --models FILE --roles-file FILE
---ticket-key FILE (--tls-cert C --tls-key K | --insecure)`: runs the tracker.
+"""`bazel run //python:tracker -- --listen HOST:PORT (--db PATH | --ledger URL) --models FILE
+--roles-file FILE --ticket-key FILE (--tls-cert C --tls-key K | --insecure)`: runs the tracker.
+
+The work ledger is a SQLite file (`--db PATH`, created if missing: one tracker) or a PostgreSQL
+database (`--ledger postgresql://USER@HOST:PORT/DATABASE`), which every tracker of a replicated
+control plane is given, each report counted once whichever tracker it reaches (ledger_postgres.py).
 
 --roles-file is a JSON object mapping roles ("node", "client", "gateway", "verifier") to their
 bearer tokens (never from argv, which other users can read). --ticket-key holds the Ed25519
@@ -27,6 +31,7 @@ from meshnet.tracker import etcd_client, web
 from meshnet.tracker.audits import DEFAULT_RATE, Audits
 from meshnet.tracker.etcd_store import DEFAULT_PREFIX, EtcdStore
 from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger_postgres import is_postgres_url
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
@@ -61,7 +66,12 @@ def load_roles(path: Path) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Meshnet tracker")
     parser.add_argument("--listen", default="127.0.0.1:7700", help="host:port (port 0 picks one)")
-    parser.add_argument("--db", required=True, type=Path, help="SQLite work ledger (created if missing)")
+    ledger_at = parser.add_mutually_exclusive_group(required=True)
+    ledger_at.add_argument("--db", type=Path, help="SQLite work ledger (created if missing)")
+    ledger_at.add_argument("--ledger", metavar="URL",
+                           help="PostgreSQL work ledger, postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE (tables created "
+                           "if missing), shared with the other trackers given the same URL; a password is better "
+                           "kept in ~/.pgpass or $PGPASSWORD than on the command line")
     parser.add_argument("--models", type=Path, help="JSON list of certified models")
     parser.add_argument("--allow-uncertified", action="store_true",
                         help="serve models.json entries without a passed certification (local test swarms only)")
@@ -110,13 +120,18 @@ def main(argv: list[str] | None = None) -> None:
 
     if not 0.0 <= args.audit_rate <= 1.0:
         parser.error("--audit-rate must be in [0, 1]")
+    if args.ledger is not None and not is_postgres_url(args.ledger):
+        parser.error("--ledger takes a postgresql:// URL (a SQLite ledger is --db PATH)")
     store = None
     if args.etcd:
         try:
             store = EtcdStore(etcd_client.parse_endpoints(args.etcd), args.etcd_prefix)
         except (ValueError, StoreError) as err:
             parser.error(f"--etcd: {err}")
-    ledger = Ledger(args.db)
+    try:
+        ledger = Ledger(args.db if args.db is not None else args.ledger)
+    except StoreError as err:  # LedgerUnavailable: the database cannot be reached (named without its password)
+        parser.error(f"--ledger: {err}")
     ticket_key = Identity.load_or_create(args.ticket_key)
     audits: list[Audits] = []  # made after the registry, which calls it when a route closes
     registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
@@ -137,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
                                 token=roles.get("node", "")).start()
     except (ValueError, OSError) as err:
         parser.error(str(err))
-    log("listening", address=args.listen, port=port, db=str(args.db), models=[m.model for m in models],
+    log("listening", address=args.listen, port=port, ledger=ledger.location, models=[m.model for m in models],
         tls=tls is not None, http=http.url if http else None, etcd=args.etcd, etcd_prefix=args.etcd_prefix)
     if http is not None:
         write_port_file(args.http_port_file, http.port)
