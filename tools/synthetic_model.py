@@ -125,6 +125,15 @@ def file_type(recipe: dict) -> str:
     return recipe["converter"].rsplit("--outtype ", 1)[1]
 
 
+def writable(cache: Path) -> bool:
+    """Whether this process may create files in `cache`, or, before it exists, in its nearest
+    existing parent (Bazel's sandbox shows the home folder read-only: tests build elsewhere)."""
+    folder = cache
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
+
+
 def build(cache: Path, seed: int, tokenizer_gguf: Path, converter: Path, quantizer: Optional[Path],
           recipe_name: str = "llama-1.1b") -> dict:
     """The record of the cached model, building it first unless a matching one is there."""

@@ -1,7 +1,8 @@
 """Issue 18 acceptance for one case ($MESHNET_CERTIFY_CASE): //python:certify's suite on one
 artifact, its report printed, and the tracker's entry written exactly when every check passed.
 
-  qwen3, qwen3moe: the seeded tiny fixtures of //tools:synthetic_model (built once, cached);
+  qwen3, qwen3moe: the seeded tiny fixtures of //tools:synthetic_model (cached where the user's
+    cache is writable, else built in the test's folder);
   gemma3: the pinned Gemma 3 270M Q4_K_M (@gemma3);
   gemma3_f32: the same Gemma weights dequantized to F32 by the pinned llama-quantize.
 The suite: a tracker and 3 GGUF nodes give single-process llama.cpp's greedy tokens (64 tokens,
@@ -47,9 +48,12 @@ def model_file(tmp_dir: Path) -> Path:
         subprocess.run([os.environ["MESHNET_QUANTIZE"], "--allow-requantize", os.environ["MESHNET_GEMMA3_GGUF"],
                         str(out), "F32", "2"], check=True, capture_output=True)
         return out
-    from synthetic_model import DEFAULT_CACHE, build  # tools/synthetic_model.py
+    from synthetic_model import DEFAULT_CACHE, build, writable  # tools/synthetic_model.py
 
-    record = build(DEFAULT_CACHE, 0, Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve(),
+    # The user's cache where this test may write there; in Bazel's sandbox (home read-only) the
+    # fixture is built in the test's own folder.
+    cache = DEFAULT_CACHE if writable(DEFAULT_CACHE) else tmp_dir / "models"
+    record = build(cache, 0, Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve(),
                    Path(os.environ["MESHNET_CONVERTER"]).resolve(), None, f"{ARCHITECTURE}-tiny")
     return Path(record["path"])
 
@@ -62,7 +66,7 @@ def test_the_suite_and_the_entry(tmp_path):
                            "--append", str(models), "--report", str(report_file), *TOOLS],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
                           timeout=1500)
-    print(proc.stderr[-4000:])
+    print(proc.stderr[-4000:] if proc.returncode == 0 else proc.stderr[-20000:])  # a failure: the swarm's logs too
     report = json.loads(report_file.read_text())
     print(json.dumps(report, indent=1))
     assert report["architecture"] == ARCHITECTURE

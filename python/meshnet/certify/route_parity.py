@@ -19,6 +19,12 @@ from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.swarm.local import LocalSwarm, even_cuts
 
 CONCURRENT_SESSIONS = 8
+# The tracker's bans in this swarm: short, so that a hop that missed a Health probe while the
+# machine was starved (8 sessions, 3 nodes and a loaded CI on 2 cores) is routed through again
+# well within the client's route_wait, however many of the sessions reported it at once (each
+# report doubles the ban). A node that really died still fails the check: it never answers.
+BAN_SECONDS, MAX_BAN_SECONDS = 1.0, 4.0
+LOG_TAIL_CHARS = 3000  # of each process's log, shown when the swarm fails
 
 
 def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int) -> list[int]:
@@ -35,14 +41,27 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
     """{"cuts", "prompts": [{"equal", "first_difference"}...], "route_equal", "concurrent": {...}}.
     `cuts` (default: `nodes` even ranges) are the nodes' layer ranges."""
     cuts = list(cuts) if cuts is not None else even_cuts(n_layer, nodes)
-    nodes = len(cuts)
     baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens) for ids in prompts]
     log(f"single-process llama.cpp: {len(prompts)} prompts x {tokens} greedy tokens")
     result: dict = {"cuts": cuts, "tokens": tokens, "prompts": []}
-    with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as tmp, \
-            LocalSwarm(Path(tmp), gguf, cuts, model=model, backend="gguf", worker_binary=worker,
-                       max_sessions=CONCURRENT_SESSIONS, threads=1) as swarm, swarm.client() as tracker:
-        log(f"swarm up: tracker + {nodes} GGUF nodes {cuts}")
+    with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as tmp:
+        try:
+            _route_checks(Path(tmp), gguf, model, prompts, baseline, cuts, worker, tokens, log, result)
+        except BaseException:
+            for name in sorted(Path(tmp).glob("*.log")):  # before the folder goes
+                log(f"--- {name.name} (last {LOG_TAIL_CHARS} characters) ---\n"
+                    f"{name.read_text(errors='replace')[-LOG_TAIL_CHARS:]}")
+            raise
+    return result
+
+
+def _route_checks(workdir: Path, gguf: Path, model: str, prompts: Sequence[Sequence[int]],
+                  baseline: Sequence[Sequence[int]], cuts: list, worker: Path, tokens: int,
+                  log: Callable[[str], None], result: dict) -> None:
+    with LocalSwarm(workdir, gguf, cuts, model=model, backend="gguf", worker_binary=worker,
+                    max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
+                    max_ban_seconds=MAX_BAN_SECONDS) as swarm, swarm.client() as tracker:
+        log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
 
         def run(ids: Sequence[int]) -> list[int]:
             return list(RouteClient(tracker, model).generate(list(ids), GenerationParams(max_tokens=tokens)))
@@ -64,4 +83,3 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
                                 "seconds": round(time.monotonic() - started, 2)}
         result["concurrent_equal"] = equal == CONCURRENT_SESSIONS
         log(f"{CONCURRENT_SESSIONS} concurrent sessions: {equal}/{CONCURRENT_SESSIONS} identical to solo")
-    return result
