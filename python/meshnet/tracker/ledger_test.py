@@ -7,6 +7,8 @@ on one PostgreSQL database: ledger_postgres_test.py."""
 import json
 import sqlite3
 import sys
+import threading
+import time
 
 import pytest
 
@@ -172,3 +174,38 @@ def test_the_command_line_prints_totals_by_client(opened, db, capsys, monkeypatc
     ledger_main()
     assert json.loads(capsys.readouterr().out) == [
         {"node_id": "a", "sessions": 1, "prefill_tokens": 4, "decode_tokens": 2}]
+
+
+def test_concurrent_writes_commit_together_and_a_refused_one_alone_is_undone(tmp_path):
+    # SQLite's group commit: writes that queue while a transaction commits share the next one;
+    # each keeps its own answer, and a refused report inside the group writes nothing.
+    ledger = Ledger(tmp_path / "ledger.db")
+    store = ledger._store  # noqa: SLF001 - the test holds the connection's lock to make writers queue
+    commits = []
+    store._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)  # noqa: SLF001
+    ledger.issue([("s", 1, f"n{i}") for i in range(8)], 100)
+    writers, answers = [], {}
+
+    def report(i: int) -> None:
+        entries = [WorkEntry(RouteSession("s", 1), 1000 if i == 3 else 5, 1)]  # 3 is over its cap of 100
+        try:
+            answers[i] = ledger.record(f"n{i}", 1, entries)
+        except WorkRefused as err:
+            answers[i] = err.code
+
+    commits.clear()
+    with store._lock:  # noqa: SLF001 - a commit in progress: every report queues behind it
+        for i in range(8):
+            writers.append(threading.Thread(target=report, args=(i,)))
+            writers[-1].start()
+        deadline = time.monotonic() + 10
+        while len(store._queue) < 8 and time.monotonic() < deadline:  # noqa: SLF001
+            time.sleep(0.01)
+    for w in writers:
+        w.join(10)
+    assert answers == {i: (StatusCode.INVALID_ARGUMENT if i == 3 else 1) for i in range(8)}, answers
+    assert len(commits) == 1  # the eight reports in one transaction
+    totals = {t.node_id: (t.prefill_tokens, t.decode_tokens) for t in ledger.totals()}
+    assert totals == {f"n{i}": (5, 1) for i in range(8) if i != 3}
+    assert ledger.record("n0", 1, [WorkEntry(RouteSession("s", 1), 5, 1)]) == 0  # counted once
+    ledger.close()

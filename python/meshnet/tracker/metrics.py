@@ -12,6 +12,7 @@ and the ledger's totals. Series (all prefixed meshnet_):
   tracker_live_routes{model}                   leased route sessions
   tracker_layers{model}, tracker_uncovered_layers{model}, tracker_layer_coverage_ratio{model},
   tracker_min_layer_replicas{model}            the coverage map in numbers
+  ledger_up                                    0 while the ledger's database cannot be reached
   ledger_tokens_total{phase}, ledger_sessions_total      all work counted (phase: prefill, decode)
   ledger_node_tokens_total{node_id,phase}, ledger_node_sessions_total{node_id}
   ledger_client_tokens_total{client_id,phase}, ledger_client_sessions_total{client_id}
@@ -23,14 +24,16 @@ read at most once per `ledger_ttl` seconds, however often the endpoints are hit.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from meshnet.tracker.ledger import ClientTotals, Ledger, NodeTotals
+from meshnet.tracker.ledger_store import LedgerUnavailable
 from meshnet.tracker.registry import Registry
 from meshnet.tracker.snapshot import STATES, UNCERTIFIED, RegistrySnapshot
 
@@ -38,24 +41,39 @@ LEDGER_TOP = 100  # nodes and clients with their own ledger series
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+@dataclasses.dataclass(frozen=True)
+class LedgerView:
+    """The ledger's totals as last read: (sessions, prefill, decode) overall, the top nodes and
+    clients, and why the latest read failed (None when it did not; the totals are then the last
+    ones read, zeros if none ever was)."""
+
+    overall: tuple[int, int, int] = (0, 0, 0)
+    by_node: tuple[NodeTotals, ...] = ()
+    by_client: tuple[ClientTotals, ...] = ()
+    unavailable: Optional[str] = None
+
+
 class LedgerTotals:
-    """The ledger's totals, cached for `ttl` seconds (thread-safe; the SQL runs on a miss)."""
+    """The ledger's totals, cached for `ttl` seconds (thread-safe; the SQL runs on a miss). A
+    ledger database that cannot be reached does not fail the endpoints: the view says so."""
 
     def __init__(self, ledger: Ledger, *, top: int = LEDGER_TOP, ttl: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._ledger, self._top, self._ttl, self._clock = ledger, top, ttl, clock
         self._lock = threading.Lock()
         self._at = float("-inf")
-        self._value: tuple[tuple[int, int, int], list[NodeTotals], list[ClientTotals]] = ((0, 0, 0), [], [])
+        self._view = LedgerView()
 
-    def get(self) -> tuple[tuple[int, int, int], list[NodeTotals], list[ClientTotals]]:
-        """((sessions, prefill, decode) overall, top nodes, top clients)."""
+    def get(self) -> LedgerView:
         with self._lock:
             if self._clock() - self._at >= self._ttl:
-                self._value = (self._ledger.overall(), self._ledger.totals(limit=self._top),
-                               self._ledger.totals_by_client(limit=self._top))
+                try:
+                    self._view = LedgerView(self._ledger.overall(), tuple(self._ledger.totals(limit=self._top)),
+                                            tuple(self._ledger.totals_by_client(limit=self._top)))
+                except LedgerUnavailable as err:  # names the database without its password
+                    self._view = dataclasses.replace(self._view, unavailable=str(err))
                 self._at = self._clock()
-            return self._value
+            return self._view
 
 
 class TrackerMetrics:
@@ -99,7 +117,7 @@ class _StateCollector:
     def collect(self) -> Iterator[Metric]:
         snap = self._metrics.snapshot()
         yield from _registry_families(snap)
-        yield from _ledger_families(*self._metrics.ledger_totals.get(), top=self._metrics.ledger_top)
+        yield from _ledger_families(self._metrics.ledger_totals.get(), top=self._metrics.ledger_top)
 
 
 def _registry_families(snap: RegistrySnapshot) -> Iterator[Metric]:
@@ -127,9 +145,11 @@ def _registry_families(snap: RegistrySnapshot) -> Iterator[Metric]:
     yield from (nodes, routes, layers, uncovered, ratio, replicas)
 
 
-def _ledger_families(overall: tuple[int, int, int], by_node: list[NodeTotals], by_client: list[ClientTotals], *,
-                     top: int) -> Iterator[Metric]:
-    sessions, prefill, decode = overall
+def _ledger_families(view: LedgerView, *, top: int) -> Iterator[Metric]:
+    yield GaugeMetricFamily("meshnet_ledger_up", "1 if the latest read of the ledger's totals succeeded, 0 if its "
+                            "database could not be reached (the ledger series then hold the last totals read).",
+                            value=0 if view.unavailable else 1)
+    (sessions, prefill, decode), by_node, by_client = view.overall, view.by_node, view.by_client
     tokens = CounterMetricFamily("meshnet_ledger_tokens", "Tokens counted in the work ledger, by phase.",
                                  labels=["phase"])
     tokens.add_metric(["prefill"], prefill)

@@ -1,14 +1,18 @@
 """The tracker's decisions over its state: nodes and leases, admission, coverage, route sessions,
 epochs, bans.
 
-Called by service.py (gRPC threads) and by tests directly; every public method takes the one
-lock, so the registry is safe to share. The state itself is in a `TrackerStore` (state_store.py):
-in memory by default, or shared with other trackers on etcd (etcd_store.py, ADR 0011), where a
-route session's epoch is advanced by compare-and-swap, so that of two trackers advancing one
-session at once, one wins and the other answers STALE_EPOCH. Time comes from an injected
-monotonic clock. Callers are named by their verified Ed25519 public key (`caller`, see
-meshnet.identity). Invariants: only
-ROUTABLE nodes with a live lease, not draining and not banned appear in routes; a node id is
+Called by service.py (gRPC threads) and by tests directly; it is safe to share. The state itself
+is in a `TrackerStore` (state_store.py, thread-safe): in memory by default, or shared with other
+trackers on etcd (etcd_store.py, ADR 0011), where a route session's epoch is advanced by
+compare-and-swap, so that of two trackers advancing one session at once, one wins and the other
+answers STALE_EPOCH. The registry's lock guards the decisions made over several reads: route
+choice with capacity, and failure reports. OpenRoute plans under it and reserves the plan
+(counted as in use by every route planned meanwhile) while the store writes it, so that capacity
+stays exact within one tracker without the lock held over a store round trip; calls that are one
+store operation (register, heartbeat, drain) or a read then a write conditional on the epoch
+(close, renew) do not take it. Time comes from an injected monotonic clock. Callers are named by
+their verified Ed25519 public key (`caller`, see meshnet.identity). Invariants: only ROUTABLE
+nodes with a live lease, not draining and not banned appear in routes; a node id is
 registered, renewed, drained and removed only by the key it derives from; a route session is
 reported on and closed only by the principal that opened it; a route session's epoch only
 grows, and every issued route covers [0, n_layer) exactly once. A route session is leased: unless
@@ -89,6 +93,11 @@ class Registry:
         self._ban_base, self._ban_max = ban_seconds, max_ban_seconds
         self._clock = clock
         self._lock = threading.Lock()
+        self._opening: dict[SessionId, SessionRecord] = {}  # planned under the lock, being written
+        # Each live node's route candidate with no session of this tracker on it, by node id, and
+        # the info and load it was made from (a heartbeat brings a new load): made again only
+        # when those change. Replaced on every route choice, so it holds only live nodes.
+        self._idle_candidates: dict[NodeId, tuple[tt.NodeInfo, tt.Load, routing.Candidate]] = {}
 
     @property
     def models(self) -> frozenset[str]:
@@ -121,8 +130,7 @@ class Registry:
         admission, reason = self._admit(info)
         if admission == tt.Admission.REFUSED:
             return tt.RegisterReply(_error(StatusCode.FINGERPRINT_MISMATCH, reason), admission, reason)
-        with self._lock:
-            self._store.put_node(NodeRecord(info, admission, reason, last_heartbeat=self._clock()), self._lease)
+        self._store.put_node(NodeRecord(info, admission, reason, last_heartbeat=self._clock()), self._lease)
         return tt.RegisterReply(OK, admission, reason, self.lease_ms)
 
     def _admit(self, info: tt.NodeInfo) -> tuple[tt.Admission, str]:
@@ -155,27 +163,24 @@ class Registry:
         refused = _not_self(node_id, caller)
         if refused is not None:
             return tt.HeartbeatReply(refused)
-        with self._lock:
-            if not self._store.refresh_node(node_id, self._lease, load):
-                return tt.HeartbeatReply(_error(StatusCode.NOT_FOUND, f"node {node_id!r} has no live lease; register again", True))
+        if not self._store.refresh_node(node_id, self._lease, load):
+            return tt.HeartbeatReply(_error(StatusCode.NOT_FOUND, f"node {node_id!r} has no live lease; register again", True))
         return tt.HeartbeatReply(OK, self.lease_ms)
 
     def drain(self, node_id: NodeId, caller: bytes) -> Status:
         refused = _not_self(node_id, caller)
         if refused is not None:
             return refused
-        with self._lock:
-            if not self._store.drain_node(node_id):
-                return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
+        if not self._store.drain_node(node_id):
+            return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
         return OK
 
     def deregister(self, node_id: NodeId, caller: bytes) -> Status:
         refused = _not_self(node_id, caller)
         if refused is not None:
             return refused
-        with self._lock:
-            if not self._store.remove_node(node_id):
-                return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
+        if not self._store.remove_node(node_id):
+            return _error(StatusCode.NOT_FOUND, f"node {node_id!r} is not registered")
         return OK
 
     def _live_nodes(self, model: str) -> list[NodeRecord]:
@@ -235,8 +240,16 @@ class Registry:
             opened = SessionRecord(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids),
                                    caller, request.client_id, self._clock())
             reply, planned = self._route(session_id, opened, model)
-            if reply.status.ok and not self._store.create_session(session_id, planned, self._route_lease):
-                return tt.RouteReply(_error(StatusCode.INTERNAL, f"route session id {session_id} is taken"))
+            if not reply.status.ok:
+                return reply
+            self._opening[session_id] = planned
+        try:
+            created = self._store.create_session(session_id, planned, self._route_lease)
+        finally:
+            with self._lock:
+                del self._opening[session_id]
+        if not created:
+            return tt.RouteReply(_error(StatusCode.INTERNAL, f"route session id {session_id} is taken"))
         return reply
 
     def report_failure(self, request: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
@@ -275,16 +288,15 @@ class Registry:
             return reply
 
     def close_route(self, route: Optional[RouteSession], caller: bytes) -> Status:
-        with self._lock:
-            problem, session = self._check_session(route)
-            if problem is not None:
-                return problem
-            assert route is not None and session is not None
-            if session.client_key != caller:
-                return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
-            closed = self._store.close_session(route.session_id, route.epoch)
-            if closed is None:  # another tracker advanced or closed it meanwhile
-                return self._check_session(route)[0] or _error(StatusCode.UNAVAILABLE, "close raced; retry", True)
+        problem, session = self._check_session(route)
+        if problem is not None:
+            return problem
+        assert route is not None and session is not None
+        if session.client_key != caller:
+            return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
+        closed = self._store.close_session(route.session_id, route.epoch)  # only at that epoch
+        if closed is None:  # advanced or closed meanwhile (by this tracker or another)
+            return self._check_session(route)[0] or _error(StatusCode.UNAVAILABLE, "close raced; retry", True)
         if closed.hops:
             self._on_close(RouteSession(route.session_id, closed.epoch), closed.model, closed.hops)
         return OK
@@ -301,33 +313,31 @@ class Registry:
 
     def renew_route(self, route: Optional[RouteSession], caller: bytes) -> tt.RenewRouteReply:
         """Extends the lease of a live route session (its opener only, at its current epoch)."""
-        with self._lock:
-            problem, session = self._check_session(route)
-            if problem is not None:
-                return tt.RenewRouteReply(problem)
-            assert route is not None and session is not None
-            if session.client_key != caller:
-                return tt.RenewRouteReply(_error(StatusCode.PERMISSION_DENIED,
-                                                 "only the client that opened a route may renew it"))
-            if not self._store.renew_session(route.session_id, route.epoch, self._route_lease):
-                problem = self._check_session(route)[0] or _error(StatusCode.UNAVAILABLE, "renew raced; retry", True)
-                return tt.RenewRouteReply(problem)
+        problem, session = self._check_session(route)
+        if problem is not None:
+            return tt.RenewRouteReply(problem)
+        assert route is not None and session is not None
+        if session.client_key != caller:
+            return tt.RenewRouteReply(_error(StatusCode.PERMISSION_DENIED,
+                                             "only the client that opened a route may renew it"))
+        if not self._store.renew_session(route.session_id, route.epoch, self._route_lease):  # only at that epoch
+            problem = self._check_session(route)[0] or _error(StatusCode.UNAVAILABLE, "renew raced; retry", True)
+            return tt.RenewRouteReply(problem)
         return tt.RenewRouteReply(OK, self.route_lease_ms)
 
     def expected_tokens(self, route: Optional[RouteSession]) -> int:
         """The token budget a live route session was opened with (0 if unknown)."""
-        with self._lock:
-            session = self._store.session(route.session_id) if route else None
-            return session.expected_tokens if session else 0
+        session = self._store.session(route.session_id) if route else None
+        return session.expected_tokens if session else 0
 
     def client_id(self, route: Optional[RouteSession]) -> str:
         """The client_id a live route session was opened with ('' if unknown)."""
-        with self._lock:
-            session = self._store.session(route.session_id) if route else None
-            return session.client_id if session else ""
+        session = self._store.session(route.session_id) if route else None
+        return session.client_id if session else ""
 
     def _check_session(self, route: Optional[RouteSession]) -> tuple[Optional[Status], Optional[SessionRecord]]:
-        """Lock held. (None, the session) when `route` names a live session at its current epoch."""
+        """(None, the session) when `route` names a live session at its current epoch (as read now:
+        the caller's write must still be conditional on that epoch)."""
         if route is None:
             return _error(StatusCode.INVALID_ARGUMENT, "no route session given"), None
         session = self._store.session(route.session_id)
@@ -342,9 +352,11 @@ class Registry:
     def _route(self, session_id: SessionId, session: SessionRecord,
                model: CertifiedModel) -> tuple[tt.RouteReply, SessionRecord]:
         """Lock held. Picks hops for `session` at its epoch: the reply, and the record to store
-        (with those hops, or none)."""
+        (with those hops, or none). Sessions other routes are being written for count as in use."""
         in_use: dict[NodeId, tuple[int, int]] = {}
-        for sid, other in self._store.sessions():
+        sessions = dict(self._store.sessions())
+        sessions.update(self._opening)
+        for sid, other in sessions.items():
             if sid == session_id:
                 continue
             for hop in other.hops:
@@ -352,21 +364,33 @@ class Registry:
                 in_use[hop.node.node_id] = (sessions + 1, tokens + other.expected_tokens)
         banned, quarantined = self._store.banned(), self._store.quarantined()
         nodes, candidates, full, too_short = {}, [], [], []
+        idle, cached = {}, self._idle_candidates
         for node in self._live_nodes(session.model):
-            info, cap = node.info, node.info.capacity or tt.Capacity()
-            sessions, tokens = in_use.get(info.node_id, (0, 0))
-            if (node.admission != tt.Admission.ROUTABLE or node.draining or info.node_id in session.avoid
-                    or info.node_id in banned or info.node_id in quarantined):
+            info = node.info
+            node_id = info.node_id
+            if (node.admission != tt.Admission.ROUTABLE or node.draining or node_id in session.avoid
+                    or node_id in banned or node_id in quarantined):
                 continue
+            sessions, tokens = in_use.get(node_id, (0, 0))
+            if sessions:
+                candidate = _candidate(node, sessions)
+            else:
+                made = cached.get(node_id)
+                if made is None or made[0] is not info or made[1] is not node.load:
+                    made = (info, node.load, _candidate(node, 0))
+                idle[node_id] = made
+                candidate = made[2]
+            cap = info.capacity or _NO_CAPACITY_LIMITS
             if cap.max_session_tokens and session.expected_tokens > cap.max_session_tokens:
-                too_short.append((_candidate(node, sessions), cap.max_session_tokens))
+                too_short.append((candidate, cap.max_session_tokens))
                 continue
             if ((cap.max_sessions and sessions >= cap.max_sessions)
                     or (cap.kv_tokens and tokens + session.expected_tokens > cap.kv_tokens)):
-                full.append(_candidate(node, sessions))
+                full.append(candidate)
                 continue
-            nodes[info.node_id] = info
-            candidates.append(_candidate(node, sessions))
+            nodes[node_id] = info
+            candidates.append(candidate)
+        self._idle_candidates = idle
         route = RouteSession(session_id, session.epoch)
         unrouted = dataclasses.replace(session, hops=())
         try:
@@ -385,6 +409,9 @@ class Registry:
             return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (), gaps), unrouted
         routed = tuple(tt.Hop(nodes[h.node_id], tt.LayerRange(h.start, h.end)) for h in hops)
         return tt.RouteReply(OK, route, routed, (), self.route_lease_ms), dataclasses.replace(session, hops=routed)
+
+
+_NO_CAPACITY_LIMITS = tt.Capacity()
 
 
 def _stale(reported: RouteSession, session: SessionRecord) -> tt.RouteReply:

@@ -77,14 +77,25 @@ def uncovered_ranges(candidates: Sequence[Candidate], n_layer: int) -> list[tupl
 
 
 def find_route(candidates: Sequence[Candidate], n_layer: int) -> list[RouteHop]:
-    """The cheapest chain from boundary 0 to boundary n_layer; raises NoRouteError."""
+    """The cheapest chain from boundary 0 to boundary n_layer; raises NoRouteError.
+
+    Of the candidates that could make the same hop (entered at one boundary, leaving at one),
+    only the cheapest (then the smallest node id) can be on the answer: they are reduced to it
+    first, so the search costs O(candidates + hops log hops) rather than a heap entry per
+    candidate and a list entry per candidate and layer."""
     if n_layer <= 0:
         raise ValueError(f"n_layer must be positive, got {n_layer}")
-    usable = sorted((c for c in candidates if 0 <= c.start < c.end <= n_layer), key=lambda c: c.node_id)
-    by_layer: list[list[Candidate]] = [[] for _ in range(n_layer)]
+    usable = [c for c in candidates if 0 <= c.start < c.end <= n_layer]
+    best: dict[tuple[int, int], tuple[float, NodeId]] = {}  # (entry, exit) -> (cost, node id)
     for c in usable:
-        for layer in range(c.start, c.end):
-            by_layer[layer].append(c)
+        for entry in (range(c.start, c.end) if c.runs_suffix else (c.start,)):
+            key, offer = (entry, c.end), (hop_cost(c, entry), c.node_id)
+            held = best.get(key)
+            if held is None or offer < held:
+                best[key] = offer
+    edges: list[list[tuple[int, float, NodeId]]] = [[] for _ in range(n_layer)]
+    for (entry, end), (cost, node_id) in best.items():
+        edges[entry].append((end, cost, node_id))
     # Priority: (cost, hop count, node ids so far); the path itself rides along for the answer.
     queue: list[tuple[float, int, tuple[NodeId, ...], int, tuple[RouteHop, ...]]] = [(0.0, 0, (), 0, ())]
     settled: set[int] = set()
@@ -95,8 +106,8 @@ def find_route(candidates: Sequence[Candidate], n_layer: int) -> list[RouteHop]:
         if boundary in settled:
             continue
         settled.add(boundary)
-        for c in by_layer[boundary]:
-            if c.end not in settled and (c.start == boundary or c.runs_suffix):
-                hop = RouteHop(c.node_id, boundary, c.end)
-                heapq.heappush(queue, (cost + hop_cost(c, boundary), hops + 1, ids + (c.node_id,), c.end, path + (hop,)))
+        for end, step, node_id in edges[boundary]:
+            if end not in settled:
+                hop = RouteHop(node_id, boundary, end)
+                heapq.heappush(queue, (cost + step, hops + 1, ids + (node_id,), end, path + (hop,)))
     raise NoRouteError(uncovered_ranges(usable, n_layer), max(settled, default=0))

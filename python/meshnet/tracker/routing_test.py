@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from meshnet.tracker.routing import Candidate, NoRouteError, RouteHop, find_route, uncovered_ranges
+from meshnet.tracker.routing import Candidate, NoRouteError, RouteHop, find_route, hop_cost, uncovered_ranges
 from meshnet.wire.ids import NodeId
 
 
@@ -80,3 +80,43 @@ def test_out_of_range_candidates_are_ignored():
     assert find_route([c("bad", 5, 40), c("ok", 0, 30)], 30) == [RouteHop(NodeId("ok"), 0, 30)]
     with pytest.raises(ValueError):
         find_route([], 0)
+
+
+def _every_chain(candidates, n_layer, boundary=0):
+    """Every chain of hops from `boundary` to n_layer, by brute force (small inputs only)."""
+    if boundary == n_layer:
+        yield ()
+        return
+    for cand in candidates:
+        if cand.start <= boundary < cand.end <= n_layer and (cand.start == boundary or cand.runs_suffix):
+            for rest in _every_chain(candidates, n_layer, cand.end):
+                yield ((cand, boundary),) + rest
+
+
+def test_the_route_is_the_cheapest_of_every_chain():
+    # find_route reduces same-hop candidates before searching; an exhaustive search says what
+    # the answer must be: the least total cost, then the fewest hops, then the node ids in order.
+    rng = random.Random(11)
+    for trial in range(300):
+        n_layer = rng.randint(1, 8)
+        nodes = []
+        for i in range(rng.randint(1, 7)):
+            start = rng.randrange(n_layer)
+            nodes.append(c(f"n{rng.randrange(100):02d}-{i}", start, rng.randint(start + 1, n_layer),
+                           seconds_per_layer=rng.choice([0.001, 0.002, 0.004]), load=rng.choice([0.0, 0.5, 1.0]),
+                           rtt_seconds=rng.choice([0.001, 0.002, 0.003]), runs_suffix=rng.random() < 0.4))
+        chains = list(_every_chain(nodes, n_layer))
+        if not chains:
+            with pytest.raises(NoRouteError):
+                find_route(nodes, n_layer)
+            continue
+
+        def key(chain):
+            total = 0.0
+            for cand, entry in chain:  # summed in path order, as the search does
+                total += hop_cost(cand, entry)
+            return total, len(chain), tuple(cand.node_id for cand, _ in chain)
+
+        cheapest = min(chains, key=key)
+        expected = [RouteHop(cand.node_id, entry, cand.end) for cand, entry in cheapest]
+        assert find_route(nodes, n_layer) == expected, (trial, nodes)

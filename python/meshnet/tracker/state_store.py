@@ -162,7 +162,10 @@ class EmbeddedStore:
 
     def nodes(self) -> list[NodeRecord]:
         with self._lock:
-            return [e.record for e in (self._live(self._nodes, i) for i in list(self._nodes)) if e is not None]
+            now = self._clock()
+            for node_id in [i for i, e in self._nodes.items() if e.lease_until < now]:
+                del self._nodes[node_id]
+            return [e.record for e in self._nodes.values()]
 
     # ---- route sessions ----------------------------------------------------------------------
 

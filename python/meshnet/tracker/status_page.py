@@ -19,7 +19,7 @@ from typing import Sequence
 
 import jinja2
 
-from meshnet.tracker.ledger import ClientTotals, NodeTotals
+from meshnet.tracker.metrics import LedgerView
 from meshnet.tracker.snapshot import ModelView, NodeView, RegistrySnapshot
 
 MAX_COLUMNS = 120  # coverage map columns; a wider model shows groups of layers per column
@@ -145,6 +145,8 @@ refreshes every {{ refresh }} s. Read-only.</p>
 {% if route_count > routes|length %}<p class="muted">and {{ route_count - routes|length }} more.</p>{% endif %}
 
 <h2>Ledger</h2>
+{% if ledger_unavailable %}<p id="ledger-unavailable"><strong>The ledger cannot be read now:</strong>
+{{ ledger_unavailable }}. The totals below are the last ones read.</p>{% endif %}
 <p>{{ ledger_sessions }} route session(s); {{ ledger_prefill }} prefill and {{ ledger_decode }} decode tokens
 counted.</p>
 <table id="ledger-nodes">
@@ -167,13 +169,13 @@ _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
 _PAGE = _ENV.from_string(_TEMPLATE)
 
 
-def render(snapshot: RegistrySnapshot, ledger: tuple[tuple[int, int, int], list[NodeTotals], list[ClientTotals]],
-           now: datetime.datetime, refresh: int = REFRESH_SECONDS) -> str:
-    """The page. `ledger`: (overall (sessions, prefill, decode), top nodes, top clients)."""
-    (sessions, prefill, decode), by_node, by_client = ledger
+def render(snapshot: RegistrySnapshot, ledger: LedgerView, now: datetime.datetime,
+           refresh: int = REFRESH_SECONDS) -> str:
+    """The page. `ledger`: its totals as last read (metrics.LedgerTotals)."""
+    (sessions, prefill, decode), by_node, by_client = ledger.overall, ledger.by_node, ledger.by_client
     return _PAGE.render(
         refresh=refresh, generated=now.strftime("%Y-%m-%d %H:%M:%S %Z").strip(),
         maps=[coverage_map(m, snapshot.nodes) for m in snapshot.models], nodes=snapshot.nodes,
         routes=snapshot.routes, node_count=snapshot.node_count, route_count=snapshot.route_count,
         ledger_sessions=sessions, ledger_prefill=prefill, ledger_decode=decode, by_node=by_node, by_client=by_client,
-        gaps=_ranges, age=_age)
+        ledger_unavailable=ledger.unavailable, gaps=_ranges, age=_age)

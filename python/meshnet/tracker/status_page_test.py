@@ -7,6 +7,7 @@ import datetime
 
 from meshnet.tracker import snapshot as snap
 from meshnet.tracker.ledger import ClientTotals, NodeTotals
+from meshnet.tracker.metrics import LedgerView
 from meshnet.tracker.status_page import MAX_COLUMNS, coverage_map, render
 from meshnet.wire import tracker as tt
 
@@ -29,16 +30,16 @@ def route(session_id, *hops, client_id="key:alice"):
                            tuple(tt.Hop(info(n, s, e), tt.LayerRange(s, e)) for n, s, e in hops), 90.0, 130.0)
 
 
-LEDGER = ((2, 50, 7), [NodeTotals("n-a", 2, 50, 7)], [ClientTotals("key:alice", 2, 50, 7)])
+LEDGER = LedgerView((2, 50, 7), (NodeTotals("n-a", 2, 50, 7),), (ClientTotals("key:alice", 2, 50, 7),))
 
 
 def test_hostile_node_supplied_strings_are_escaped():
     nodes = [facts("n-" + HOSTILE, 0, 30, address=HOSTILE), facts("n-b", 0, 30, model=HOSTILE, state="dark")]
     routes = [route("rs-0123456789abcdef", ("n-" + HOSTILE, 0, 30), client_id=HOSTILE)]
-    ledger = ((1, 1, 1), [NodeTotals(HOSTILE, 1, 1, 1)], [ClientTotals(HOSTILE, 1, 1, 1)])
+    ledger = LedgerView((1, 1, 1), (NodeTotals(HOSTILE, 1, 1, 1),), (ClientTotals(HOSTILE, 1, 1, 1),), HOSTILE)
     page = render(snap.build({"smol": 30}, nodes, routes, now=100.0), ledger, NOW)
     assert "<script>" not in page and HOSTILE not in page
-    assert page.count("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;") >= 6  # ids, address, model, client, ledger
+    assert page.count("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;") >= 7  # ids, address, model, client, ledger
 
 
 def test_the_coverage_map_shows_gaps_and_states():
@@ -72,7 +73,7 @@ def test_the_page_lists_nodes_routes_and_ledger_totals():
     assert page.count('<tr data-node="n-a">') == 1 and page.count('data-node="n-b"') == 2  # table + map row
     assert "[0, 15)" in page and "123.4" in page and "1.0 s ago" in page
     assert "<code>01234567</code>" in page and "0123456789abcdef" not in page  # a tag, not the session id
-    assert "key:alice" in page and ">50<" in page
+    assert "key:alice" in page and ">50<" in page and "ledger-unavailable" not in page
 
 
 def test_the_json_view_has_the_same_facts():

@@ -48,10 +48,11 @@ def app(metrics: TrackerMetrics) -> Starlette:
         return HTMLResponse(page, headers=_PAGE_HEADERS)
 
     def status_json(request: Request) -> Response:
-        (sessions, prefill, decode), by_node, by_client = metrics.ledger_totals.get()
+        view = metrics.ledger_totals.get()
+        (sessions, prefill, decode) = view.overall
         ledger = {"sessions": sessions, "prefill_tokens": prefill, "decode_tokens": decode,
-                  "by_node": [dataclasses.asdict(t) for t in by_node],
-                  "by_client": [dataclasses.asdict(t) for t in by_client]}
+                  "by_node": [dataclasses.asdict(t) for t in view.by_node],
+                  "by_client": [dataclasses.asdict(t) for t in view.by_client], "unavailable": view.unavailable}
         return JSONResponse(snap.as_json(metrics.snapshot(), {"ledger": ledger}), headers=_HEADERS)
 
     def root(request: Request) -> Response:

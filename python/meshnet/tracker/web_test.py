@@ -18,6 +18,7 @@ from meshnet.identity.keys import Identity
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.tracker import web
 from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger_store import LedgerUnavailable
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import new_role_tokens, serve
@@ -30,8 +31,8 @@ MODEL = CertifiedModel("smol", "llama", 30, "sha256:art", "sha256:rec")
 class Tracker:
     """A tracker in this process with its HTTP endpoints on loopback port 0."""
 
-    def __init__(self, tmp_path) -> None:
-        self.ledger = Ledger(tmp_path / "ledger.db")
+    def __init__(self, tmp_path, ledger_class=Ledger) -> None:
+        self.ledger = ledger_class(tmp_path / "ledger.db")
         self.registry = Registry([MODEL], lease_seconds=30)
         self.metrics = TrackerMetrics(self.registry, self.ledger, ledger_ttl=0.0)
         self.tokens = new_role_tokens()
@@ -166,3 +167,35 @@ def test_an_empty_tracker_lists_every_state_of_every_certified_model_at_zero(tra
     for state in ("routable", "draining", "banned", "dark"):
         assert samples[("meshnet_tracker_nodes", (("model", "smol"), ("state", state)))] == 0
     assert at(samples, "meshnet_tracker_uncovered_layers", model="smol") == 30
+
+
+class UnreachableLedgerFake(Ledger):
+    """A test fake: a real ledger whose database becomes unreachable when `down` is set."""
+
+    down = False
+
+    def overall(self):
+        if self.down:
+            raise LedgerUnavailable("cannot reach the ledger database postgresql://ledger@db.example/meshnet: "
+                                    "connection refused")
+        return super().overall()
+
+
+def test_an_unreachable_ledger_is_reported_and_the_endpoints_still_answer(tmp_path):
+    tracker = Tracker(tmp_path, UnreachableLedgerFake)
+    try:
+        register(tracker, Identity.generate(), 0, 30)
+        assert at(tracker.scrape(), "meshnet_ledger_up") == 1
+        tracker.ledger.down = True
+        samples = tracker.scrape()  # 200, with the registry's series intact
+        assert at(samples, "meshnet_ledger_up") == 0
+        assert at(samples, "meshnet_tracker_nodes", model="smol", state="routable") == 1
+        code, _, text = tracker.get("/status.json")
+        assert code == 200 and "connection refused" in json.loads(text)["ledger"]["unavailable"]
+        code, _, page = tracker.get("/status")
+        assert code == 200 and 'id="ledger-unavailable"' in page and "connection refused" in page
+        tracker.ledger.down = False  # back: the next read clears it
+        assert at(tracker.scrape(), "meshnet_ledger_up") == 1
+        assert json.loads(tracker.get("/status.json")[2])["ledger"]["unavailable"] is None
+    finally:
+        tracker.stop()
