@@ -256,7 +256,7 @@ async def _describe(gateway: Gateway, name: str) -> dict:
             state, gaps, nodes = "unknown", [], 0
         else:
             gaps = [[g.start, g.end] for g in cover.gaps]
-            nodes = len(cover.nodes) - len(cover.dark_node_ids)
+            nodes = cover.routable_count
             state = "full" if not gaps else ("partial" if nodes else "none")
     except Exception:  # the tracker unreachable: the model is listed, its coverage is unknown
         state, gaps, nodes = "unknown", [], 0

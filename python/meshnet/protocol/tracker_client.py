@@ -109,8 +109,9 @@ class TrackerClient:
     def deregister(self, node_id: NodeId) -> tt.DeregisterReply:
         return self._call("Deregister", tt.DeregisterRequest(node_id))
 
-    def coverage(self, model: str) -> tt.CoverageReply:
-        return self._call("Coverage", tt.CoverageRequest(model))
+    def coverage(self, model: str, max_nodes: int = 0) -> tt.CoverageReply:
+        """A bounded summary (registry.coverage): exact counts, at most `max_nodes` nodes listed."""
+        return self._call("Coverage", tt.CoverageRequest(model, max_nodes))
 
     def open_route(self, request: tt.OpenRouteRequest) -> tt.RouteReply:
         return self._call("OpenRoute", request)

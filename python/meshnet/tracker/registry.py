@@ -51,6 +51,11 @@ MAX_EXPECTED_TOKENS = 1 << 24  # one session: prompt + new tokens
 MAX_ID_CHARS = 128
 MAX_CERTIFICATE_CHARS = 8192
 MAX_RELAY_RTT_MS = 60_000.0
+# Coverage lists (nodes, dark and quarantined ids) hold at most this many entries, and each layer
+# names at most MAX_LAYER_NODE_IDS of its nodes: with MAX_CERTIFICATE_CHARS and MAX_LAYERS, a
+# reply stays under ~2 MiB, half gRPC's default message limit, whatever the swarm's size.
+MAX_COVERAGE_NODES = 128
+MAX_LAYER_NODE_IDS = 8
 OK = Status(StatusCode.OK)
 
 
@@ -189,26 +194,33 @@ class Registry:
 
     # ---- coverage ---------------------------------------------------------------------------
 
-    def coverage(self, model: str) -> tt.CoverageReply:
-        with self._lock:
-            nodes = self._live_nodes(model)
-            quarantined_ids = self._store.quarantined()
-            certified = self._models.get(model)
-            if certified is None and not nodes:
-                return tt.CoverageReply(_error(StatusCode.NOT_FOUND, f"unknown model {model!r}"))
-            n_layer = certified.n_layer if certified else max(n.info.n_layer for n in nodes)
-            routable = [n for n in nodes if n.admission == tt.Admission.ROUTABLE and not n.draining
-                        and n.info.node_id not in quarantined_ids]
-            layers = tuple(
-                tt.LayerCoverage(layer, tuple(sorted(n.info.node_id for n in routable
-                                                     if n.info.layers.start <= layer < n.info.layers.end)))
-                for layer in range(n_layer))
-            candidates = [routing.Candidate(n.info.node_id, n.info.layers.start, n.info.layers.end) for n in routable]
-            gaps = tuple(tt.LayerRange(s, e) for s, e in routing.uncovered_ranges(candidates, n_layer))
-            dark = tuple(sorted(n.info.node_id for n in nodes if n.admission == tt.Admission.DARK))
-            infos = tuple(n.info for n in sorted(nodes, key=lambda n: n.info.node_id))
-            quarantined = tuple(sorted(n.info.node_id for n in nodes if n.info.node_id in quarantined_ids))
-        return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark, quarantined)
+    def coverage(self, model: str, max_nodes: int = 0) -> tt.CoverageReply:
+        """The coverage map of `model`: exact counts, and lists cut to the first `max_nodes` nodes
+        by node id (0 or more than MAX_COVERAGE_NODES: that), at most MAX_LAYER_NODE_IDS ids per
+        layer, so that the reply is bounded however large the swarm. Reads the store only (no
+        decision), so it does not take the lock."""
+        limit = min(max_nodes, MAX_COVERAGE_NODES) if max_nodes > 0 else MAX_COVERAGE_NODES
+        nodes = sorted(self._live_nodes(model), key=lambda n: n.info.node_id)
+        quarantined_ids = self._store.quarantined()
+        certified = self._models.get(model)
+        if certified is None and not nodes:
+            return tt.CoverageReply(_error(StatusCode.NOT_FOUND, f"unknown model {model!r}"))
+        n_layer = certified.n_layer if certified else max(n.info.n_layer for n in nodes)
+        routable = [n for n in nodes if n.admission == tt.Admission.ROUTABLE and not n.draining
+                    and n.info.node_id not in quarantined_ids]
+        replicas, listed = [0] * n_layer, [[] for _ in range(n_layer)]
+        for n in routable:  # by node id, so each layer lists its first ones
+            for layer in range(n.info.layers.start, min(n.info.layers.end, n_layer)):
+                replicas[layer] += 1
+                if len(listed[layer]) < MAX_LAYER_NODE_IDS:
+                    listed[layer].append(n.info.node_id)
+        layers = tuple(tt.LayerCoverage(layer, tuple(listed[layer]), replicas[layer]) for layer in range(n_layer))
+        candidates = [routing.Candidate(n.info.node_id, n.info.layers.start, n.info.layers.end) for n in routable]
+        gaps = tuple(tt.LayerRange(s, e) for s, e in routing.uncovered_ranges(candidates, n_layer))
+        dark = tuple(n.info.node_id for n in nodes if n.admission == tt.Admission.DARK)[:limit]
+        quarantined = tuple(n.info.node_id for n in nodes if n.info.node_id in quarantined_ids)[:limit]
+        infos = tuple(n.info for n in nodes[:limit])
+        return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark, quarantined, len(nodes), len(routable))
 
     def snapshot(self, max_nodes: int = snap.MAX_NODES, max_routes: int = snap.MAX_ROUTES) -> snap.RegistrySnapshot:
         """A bounded read-only copy of the live nodes, routes and coverage (see snapshot.py).

@@ -277,6 +277,34 @@ def test_coverage_reports_gaps_and_replicas(registry):
     assert cover.n_layer == 30 and cover.gaps == (tt.LayerRange(12, 20),)
     assert set(cover.layers[5].node_ids) == {nid("a"), nid("a2")} and cover.layers[11].node_ids == (nid("a2"),)
     assert cover.layers[15].node_ids == ()
+    assert [cover.layers[i].replicas for i in (5, 11, 15, 25)] == [2, 1, 0, 1]
+    assert cover.node_count == 3 and cover.routable_count == 3
+
+
+def test_coverage_is_a_bounded_summary_of_a_large_swarm():
+    # 10,000 nodes (the scale figures found the full listing at 6 MB, over gRPC's 4 MiB limit):
+    # counts stay exact, lists are the first nodes by node id, and the encoded reply is small.
+    from meshnet.protocol import tracker as codec
+    from meshnet.tracker.registry import MAX_COVERAGE_NODES, MAX_LAYER_NODE_IDS
+
+    registry = Registry([MODEL], lease_seconds=600)
+    cert = "-----BEGIN CERTIFICATE-----\n" + "A" * 600 + "\n-----END CERTIFICATE-----\n"
+    names = [f"big{i}" for i in range(10_000)]
+    for i, name in enumerate(names):
+        start = (i % 3) * 10
+        assert register(registry, name, start, start + 10, tls_certificate=cert).status.ok
+    register(registry, "dark", 0, 30, architecture="mystery-arch")
+    by_id = sorted(nid(name) for name in names)
+    cover = registry.coverage("smol")
+    assert cover.node_count == 10_001 and cover.routable_count == 10_000 and cover.gaps == ()
+    assert [n.node_id for n in cover.nodes] == sorted(by_id + [nid("dark")])[:MAX_COVERAGE_NODES]
+    assert cover.dark_node_ids == (nid("dark"),)
+    assert [layer.replicas for layer in cover.layers] == [3334] * 10 + [3333] * 20
+    first_layer = sorted(nid(name) for i, name in enumerate(names) if i % 3 == 0)
+    assert cover.layers[0].node_ids == tuple(first_layer[:MAX_LAYER_NODE_IDS])
+    assert len(codec.to_proto(cover).SerializeToString()) < 512 * 1024
+    assert len(registry.coverage("smol", max_nodes=5).nodes) == 5
+    assert len(registry.coverage("smol", max_nodes=10 ** 6).nodes) == MAX_COVERAGE_NODES  # clamped
 
 
 def test_an_abandoned_route_expires_and_its_capacity_returns(clock):

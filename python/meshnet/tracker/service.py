@@ -176,7 +176,7 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
 
     def Coverage(self, request, context):  # noqa: N802
         return self._handle("Coverage", request, context, tt.CoverageReply,
-                            lambda r, caller: self._registry.coverage(r.model))
+                            lambda r, caller: self._registry.coverage(r.model, r.max_nodes))
 
     def OpenRoute(self, request, context):  # noqa: N802
         def work(req: tt.OpenRouteRequest, caller: bytes) -> tt.RouteReply:

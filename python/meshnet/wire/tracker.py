@@ -132,16 +132,20 @@ class DeregisterReply:
 @dataclasses.dataclass(frozen=True)
 class CoverageRequest:
     model: str
+    max_nodes: int = 0  # the most nodes listed; 0 (or more than the tracker's cap): its cap
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerCoverage:
     layer: int
-    node_ids: tuple[NodeId, ...] = ()
+    node_ids: tuple[NodeId, ...] = ()  # the first few routable nodes serving it, by node id
+    replicas: int = 0  # every routable node serving it
 
 
 @dataclasses.dataclass(frozen=True)
 class CoverageReply:
+    """A bounded summary: exact counts, lists cut to the first nodes by node id."""
+
     status: Optional[Status]
     n_layer: int = 0
     layers: tuple[LayerCoverage, ...] = ()
@@ -149,6 +153,8 @@ class CoverageReply:
     nodes: tuple[NodeInfo, ...] = ()
     dark_node_ids: tuple[NodeId, ...] = ()
     quarantined_node_ids: tuple[NodeId, ...] = ()  # failed an audit: never routed (ADR 0008)
+    node_count: int = 0  # registered nodes of the model, dark ones included, listed or not
+    routable_count: int = 0  # of which routable
 
 
 @dataclasses.dataclass(frozen=True)
