@@ -300,15 +300,18 @@ class Registry:
             return reply
 
     def close_route(self, route: Optional[RouteSession], caller: bytes) -> Status:
-        problem, session = self._check_session(route)
-        if problem is not None:
-            return problem
-        assert route is not None and session is not None
-        if session.client_key != caller:
-            return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
-        closed = self._store.close_session(route.session_id, route.epoch)  # only at that epoch
-        if closed is None:  # advanced or closed meanwhile (by this tracker or another)
-            return self._check_session(route)[0] or _error(StatusCode.UNAVAILABLE, "close raced; retry", True)
+        if route is None:
+            return _error(StatusCode.INVALID_ARGUMENT, "no route session given")
+        # One store read on the way that succeeds: the store checks epoch and opener as it removes.
+        closed = self._store.close_session(route.session_id, route.epoch, caller)
+        if closed is None:  # why not: unknown, fenced, someone else's, or advanced meanwhile
+            problem, session = self._check_session(route)
+            if problem is not None:
+                return problem
+            assert session is not None
+            if session.client_key != caller:
+                return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
+            return _error(StatusCode.UNAVAILABLE, "close raced; retry", True)
         if closed.hops:
             self._on_close(RouteSession(route.session_id, closed.epoch), closed.model, closed.hops)
         return OK

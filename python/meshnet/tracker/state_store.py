@@ -93,8 +93,9 @@ class TrackerStore(Protocol):
                         lease_seconds: float) -> bool:
         """Replaces the session by `record` (epoch seen_epoch + 1) iff it is live at seen_epoch."""
     def renew_session(self, session_id: SessionId, epoch: int, lease_seconds: float) -> bool: ...
-    def close_session(self, session_id: SessionId, epoch: int) -> Optional[SessionRecord]:
-        """Removes the session iff it is live at `epoch`; the removed record, else None."""
+    def close_session(self, session_id: SessionId, epoch: int, opener: bytes) -> Optional[SessionRecord]:
+        """Removes the session iff it is live at `epoch` and was opened by the key `opener`; the
+        removed record, else None (the caller reads again to say why)."""
     def sessions(self) -> list[tuple[SessionId, SessionRecord]]:
         """Every live session (a view that may trail other trackers' writes by a watch event)."""
 
@@ -200,10 +201,10 @@ class EmbeddedStore:
             entry.record = dataclasses.replace(entry.record, lease_until=entry.lease_until)
             return True
 
-    def close_session(self, session_id: SessionId, epoch: int) -> Optional[SessionRecord]:
+    def close_session(self, session_id: SessionId, epoch: int, opener: bytes) -> Optional[SessionRecord]:
         with self._lock:
             entry = self._live(self._sessions, session_id)
-            if entry is None or entry.record.epoch != epoch:
+            if entry is None or entry.record.epoch != epoch or entry.record.client_key != opener:
                 return None
             del self._sessions[session_id]
             return entry.record

@@ -143,10 +143,12 @@ def test_a_session_is_created_once_and_its_epoch_advances_once_per_epoch(harness
     assert store.session(sid).epoch == 2 and store.session(sid).hops == ()
     assert [s for s, _ in store.sessions()] == [sid]
     assert not store.renew_session(sid, 1, 30) and store.renew_session(sid, 2, 30)
-    assert store.close_session(sid, 1) is None  # a stale epoch closes nothing
-    closed = store.close_session(sid, 2)
+    opener = first.client_key
+    assert store.close_session(sid, 1, opener) is None  # a stale epoch closes nothing
+    assert store.close_session(sid, 2, b"\x02" * 32) is None and store.session(sid).epoch == 2  # nor another key
+    closed = store.close_session(sid, 2, opener)
     assert closed is not None and closed.epoch == 2
-    assert store.session(sid) is None and store.sessions() == [] and store.close_session(sid, 2) is None
+    assert store.session(sid) is None and store.sessions() == [] and store.close_session(sid, 2, opener) is None
     assert not store.advance_session(sid, 2, dataclasses.replace(first, epoch=3), 30)
 
 
