@@ -17,10 +17,13 @@ thread calls the callbacks; everyone else only calls wait_for and stop.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import requests
@@ -80,16 +83,52 @@ def parse_endpoints(text: str) -> list[str]:
     return endpoints
 
 
+@dataclasses.dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd's client URLs, both ways: `ca` signed the members' certificates (checked, host
+    name included), and `cert`/`key` are this tracker's client certificate, which members started
+    with --client-cert-auth and --trusted-ca-file accept only when that CA signed it."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def check(self) -> None:
+        """ValueError naming a file that cannot be read."""
+        for what, path in (("CA", self.ca), ("certificate", self.cert), ("key", self.key)):
+            if not os.access(path, os.R_OK) or not Path(path).is_file():
+                raise ValueError(f"etcd TLS {what} {path} is not a readable file")
+
+    def apply(self, session: requests.Session) -> None:
+        session.verify = str(self.ca)
+        session.cert = (str(self.cert), str(self.key))
+
+
+def etcd_session(tls: Optional[EtcdTls]) -> requests.Session:
+    """A requests session for etcd: not from the environment (REQUESTS_CA_BUNDLE would replace the
+    cluster's CA, and an HTTP proxy would see the tracker's state), with `tls` when given."""
+    session = requests.Session()
+    session.trust_env = False
+    if tls is not None:
+        tls.apply(session)
+    return session
+
+
 class EtcdClient:
-    """Thread-safe (each call picks the member it starts with; requests sessions are per member)."""
+    """Thread-safe (each call picks the member it starts with; requests sessions are per member).
+    `tls`: https with a client certificate (EtcdTls); None: plain http (a trusted network only)."""
 
     def __init__(self, endpoints: Sequence[str], request_timeout_s: float = REQUEST_TIMEOUT_S,
-                 deadline_s: float = DEADLINE_S) -> None:
+                 deadline_s: float = DEADLINE_S, tls: Optional[EtcdTls] = None) -> None:
         self.endpoints = list(endpoints)
+        self.tls = tls
+        if tls is not None:
+            tls.check()
         self._members = []
         for endpoint in self.endpoints:
             host, _, port = endpoint.rpartition(":")
-            self._members.append(Etcd3Client(host.strip("[]"), int(port), api_path="/v3/", timeout=request_timeout_s))
+            self._members.append(Etcd3Client(host.strip("[]"), int(port), "https" if tls else "http",
+                                             api_path="/v3/", timeout=request_timeout_s, session=etcd_session(tls)))
         self._current = 0
         self._deadline_s = deadline_s
 
@@ -194,7 +233,7 @@ class PrefixWatch:
         self._changed = threading.Condition()
         self._stopping = threading.Event()
         self._response: Optional[requests.Response] = None
-        self._session = requests.Session()  # the stream's own connection, apart from the requests' pools
+        self._session = etcd_session(client.tls)  # the stream's own connection, apart from the requests' pools
         self.resyncs = 0  # listings after the first (tests and logs)
         self._watching = 0  # the member whose stream is open (or was last)
         self._resync()

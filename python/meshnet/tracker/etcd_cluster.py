@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -23,6 +24,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Optional
+
+from meshnet.tracker.etcd_client import EtcdClient, EtcdTls
 
 START_TIMEOUT_S = 20.0  # all members healthy
 HEALTH_TIMEOUT_S = 1.0  # one /health request
@@ -42,18 +45,29 @@ def free_port() -> int:
 class EtcdCluster:
     """`members` etcd processes forming one cluster. Not thread-safe: the test thread drives it."""
 
-    def __init__(self, members: int = 3, base_dir: Optional[Path] = None) -> None:
+    def __init__(self, members: int = 3, base_dir: Optional[Path] = None, tls: bool = False) -> None:
+        """`tls`: client URLs on https, every client required to show a certificate the cluster's
+        own CA signed (etcd's --client-cert-auth); `self.tls` is then what a client needs, and
+        `stranger_tls` a well-formed client certificate from another CA (refused)."""
         binary = etcd_binary()
         if binary is None:
             raise FileNotFoundError("no etcd binary (install Debian's etcd-server, or set MESHNET_ETCD)")
         self.binary = binary
         root = base_dir or Path(os.environ.get("TEST_TMPDIR") or tempfile.gettempdir())
         self.dir = Path(tempfile.mkdtemp(prefix="etcd-", dir=root))
+        self.tls: Optional[EtcdTls] = None
+        self.stranger_tls: Optional[EtcdTls] = None
+        if tls:
+            self.tls, self.stranger_tls = _tls_files(self.dir / "tls")
         self.names = [f"m{i}" for i in range(members)]
         self.client_ports = [free_port() for _ in self.names]
         self.peer_ports = [free_port() for _ in self.names]
         self._token = f"meshnet-{uuid.uuid4().hex[:12]}"
         self._procs: list[Optional[subprocess.Popen]] = [None] * members
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def endpoints(self) -> list[str]:
@@ -75,14 +89,20 @@ class EtcdCluster:
 
     def _command(self, i: int) -> list[str]:
         peers = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports))
-        client, peer = f"http://127.0.0.1:{self.client_ports[i]}", f"http://127.0.0.1:{self.peer_ports[i]}"
+        client = f"{self.scheme}://127.0.0.1:{self.client_ports[i]}"
+        peer = f"http://127.0.0.1:{self.peer_ports[i]}"
         # The initial-cluster flags are ignored once the data directory exists (a restart).
-        return [self.binary, "--name", self.names[i], "--data-dir", str(self.dir / self.names[i]),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", peers, "--initial-cluster-state", "new",
-                "--initial-cluster-token", self._token,
-                "--experimental-watch-progress-notify-interval", "1s"]
+        command = [self.binary, "--name", self.names[i], "--data-dir", str(self.dir / self.names[i]),
+                   "--listen-client-urls", client, "--advertise-client-urls", client,
+                   "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                   "--initial-cluster", peers, "--initial-cluster-state", "new",
+                   "--initial-cluster-token", self._token,
+                   "--experimental-watch-progress-notify-interval", "1s"]
+        if self.tls:
+            folder = self.tls.ca.parent
+            command += ["--cert-file", str(folder / "server.pem"), "--key-file", str(folder / "server.key"),
+                        "--client-cert-auth", "--trusted-ca-file", str(self.tls.ca)]
+        return command
 
     def start(self, i: int) -> None:
         """Starts member i (again, after kill(i): it rejoins with its data directory)."""
@@ -104,17 +124,19 @@ class EtcdCluster:
 
     def leader(self) -> int:
         """The index of the member that leads the cluster now (asked of the cluster itself)."""
-        from meshnet.tracker.etcd_client import EtcdClient  # the store's client, only when asked
-
-        client = EtcdClient(self.endpoints)
+        client = EtcdClient(self.endpoints, tls=self.tls)
         leader = client.post("/maintenance/status", {})["leader"]
         names = {m["ID"]: m["name"] for m in client.post("/cluster/member/list", {})["members"]}
         return self.names.index(names[leader])
 
     def healthy(self, i: int) -> bool:
-        url = f"http://127.0.0.1:{self.client_ports[i]}/health"
+        url = f"{self.scheme}://127.0.0.1:{self.client_ports[i]}/health"
+        context = None
+        if self.tls:
+            context = ssl.create_default_context(cafile=str(self.tls.ca))
+            context.load_cert_chain(str(self.tls.cert), str(self.tls.key))
         try:
-            with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as reply:
+            with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S, context=context) as reply:
                 return json.loads(reply.read()).get("health") == "true"
         except (OSError, ValueError):
             return False
@@ -150,12 +172,34 @@ class EtcdCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def cluster_or_skip(members: int = 3) -> EtcdCluster:
+def _tls_files(folder: Path) -> tuple[EtcdTls, EtcdTls]:
+    """A CA, the members' server certificate (127.0.0.1 and localhost), a client certificate it
+    signed, and one signed by another CA: (client TLS, stranger's TLS)."""
+    from meshnet.identity.certificates import issued, self_signed  # cryptography, only when asked
+    from meshnet.identity.tls import write_private
+
+    folder.mkdir(mode=0o700)
+    ca_pem, ca_key = self_signed("meshnet etcd test CA")
+    (folder / "ca.pem").write_bytes(ca_pem)
+    server_pem, server_key = issued(ca_pem, ca_key, "etcd", ["localhost"], ["127.0.0.1"])
+    (folder / "server.pem").write_bytes(server_pem)
+    write_private(folder / "server.key", server_key)
+    files = []
+    for name, (signer_pem, signer_key) in (("tracker", (ca_pem, ca_key)),
+                                           ("stranger", self_signed("another CA"))):
+        cert_pem, key_pem = issued(signer_pem, signer_key, name)
+        (folder / f"{name}.pem").write_bytes(cert_pem)
+        write_private(folder / f"{name}.key", key_pem)
+        files.append(EtcdTls(folder / "ca.pem", folder / f"{name}.pem", folder / f"{name}.key"))
+    return files[0], files[1]
+
+
+def cluster_or_skip(members: int = 3, tls: bool = False) -> EtcdCluster:
     """A started cluster (the caller tears it down), or pytest.skip with the reason it cannot start."""
     import pytest  # test harness only: production code never calls this
 
     try:
-        return EtcdCluster(members).__enter__()
+        return EtcdCluster(members, tls=tls).__enter__()
     except (OSError, RuntimeError) as err:
         pytest.skip(f"cannot start a {members}-member etcd cluster: {err}")
         raise  # unreachable: skip raises

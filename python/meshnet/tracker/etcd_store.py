@@ -66,10 +66,11 @@ def _key_part(text: str) -> str:
 class EtcdStore:
     def __init__(self, endpoints: Sequence[str], prefix: str = DEFAULT_PREFIX, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 client: Optional[ec.EtcdClient] = None) -> None:
+                 client: Optional[ec.EtcdClient] = None, tls: Optional[ec.EtcdTls] = None) -> None:
+        """`tls`: https and a client certificate to etcd (ec.EtcdTls); None: plain http."""
         if not prefix.startswith("/") or not prefix.endswith("/"):
             raise ValueError(f"etcd prefix {prefix!r} must start and end with '/'")
-        self._client = client or ec.EtcdClient(endpoints)
+        self._client = client or ec.EtcdClient(endpoints, tls=tls)
         self._prefix = prefix.encode()
         self._clock, self._wall = clock, wall
         self._cache_lock = threading.Lock()

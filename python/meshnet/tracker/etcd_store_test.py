@@ -19,7 +19,7 @@ from meshnet.tracker import store_codec
 from meshnet.tracker.etcd_cluster import cluster_or_skip
 from meshnet.tracker.etcd_store import EtcdStore
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.tracker.state_store import RecordTooLarge, SessionRecord
+from meshnet.tracker.state_store import RecordTooLarge, SessionRecord, StoreUnavailable
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import SessionId
 from meshnet.wire.seam import Fingerprints, RouteSession
@@ -217,3 +217,38 @@ def test_the_service_goes_on_while_one_etcd_member_of_three_is_down(etcd):
     finally:
         a.close()
         b.close()
+
+
+def test_on_tls_etcd_only_trackers_with_a_certificate_of_its_ca_get_in():
+    # etcd with --client-cert-auth: a tracker with the cluster CA's client certificate routes; one
+    # without a certificate, one with another CA's, and one speaking plain http are refused at the
+    # handshake (StoreUnavailable once every member refused), and the honest tracker beside them
+    # carries on.
+    cluster = cluster_or_skip(tls=True)
+    prefix = f"/meshnet/test-{uuid.uuid4().hex[:8]}/"
+    honest = Registry([MODEL], store=EtcdStore(cluster.endpoints, prefix, tls=cluster.tls))
+    try:
+        first = Identity.generate()
+        register(honest, first)
+        no_certificate = ec.EtcdTls(cluster.tls.ca, cluster.tls.cert, cluster.tls.key)
+        refused = {
+            "another CA's certificate": ec.EtcdClient(cluster.endpoints, deadline_s=1.0, tls=cluster.stranger_tls),
+            "plain http": ec.EtcdClient(cluster.endpoints, deadline_s=1.0),
+        }
+        bare = ec.EtcdClient(cluster.endpoints, deadline_s=1.0, tls=no_certificate)
+        for member in bare._members:  # noqa: SLF001 - the CA to check the members, and no certificate
+            member.session.cert = None
+        refused["no certificate"] = bare
+        for what, client in refused.items():
+            with pytest.raises(StoreUnavailable) as err:
+                client.get((prefix + "nodes/").encode())
+            assert "no etcd member answered" in str(err.value), (what, err.value)
+        second = Identity.generate()
+        register(honest, second)
+        route = honest.open_route(tt.OpenRouteRequest("smol"), CLIENT.public_key)
+        assert route.status.ok and route.session.epoch == 1, route.status
+        assert {n.info.node_id for n in honest._store.nodes()} == {first.node_id, second.node_id}
+        assert honest.close_route(route.session, CLIENT.public_key).ok
+    finally:
+        honest.close()
+        cluster.teardown()

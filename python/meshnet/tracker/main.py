@@ -14,7 +14,9 @@ HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sen
 tracker cannot reach to a relay. `--audit-rate` (default 0.05) of closed route sessions are
 queued for the verifier role (ADR 0008). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
 sessions, bans and the quarantine in etcd under `--etcd-prefix`, shared by every tracker given the
-same cluster and prefix (ADR 0011); without it the state is in memory (one tracker). SIGTERM/SIGINT
+same cluster and prefix (ADR 0011); without it the state is in memory (one tracker).
+`--etcd-ca/--etcd-cert/--etcd-key` speak to etcd over TLS with a client certificate (etcd's
+--client-cert-auth); without them, plain http on a network only trackers reach. SIGTERM/SIGINT
 stop it gracefully; logs are JSON lines on stderr.
 """
 
@@ -108,6 +110,11 @@ def main(argv: list[str] | None = None) -> None:
                         "with the other trackers on it (ADR 0011); default: in memory, this tracker alone")
     parser.add_argument("--etcd-prefix", default=DEFAULT_PREFIX,
                         help="the keys of this swarm in etcd (trackers of one swarm use the same prefix)")
+    parser.add_argument("--etcd-ca", type=Path, help="TLS to etcd: the CA that signed its members' certificates "
+                        "(with --etcd-cert and --etcd-key; without the three, etcd is spoken to in plain http)")
+    parser.add_argument("--etcd-cert", type=Path, help="this tracker's client certificate for etcd's "
+                        "--client-cert-auth (signed by a CA in etcd's --trusted-ca-file)")
+    parser.add_argument("--etcd-key", type=Path, help="the private key of --etcd-cert")
     args = parser.parse_args(argv)
 
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -123,9 +130,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.ledger is not None and not is_postgres_url(args.ledger):
         parser.error("--ledger takes a postgresql:// URL (a SQLite ledger is --db PATH)")
     store = None
+    etcd_tls_flags = (args.etcd_ca, args.etcd_cert, args.etcd_key)
+    if any(etcd_tls_flags) and not all(etcd_tls_flags):
+        parser.error("--etcd-ca, --etcd-cert and --etcd-key go together")
+    if any(etcd_tls_flags) and not args.etcd:
+        parser.error("--etcd-ca, --etcd-cert and --etcd-key need --etcd")
     if args.etcd:
+        etcd_tls = etcd_client.EtcdTls(args.etcd_ca, args.etcd_cert, args.etcd_key) if args.etcd_ca else None
         try:
-            store = EtcdStore(etcd_client.parse_endpoints(args.etcd), args.etcd_prefix)
+            store = EtcdStore(etcd_client.parse_endpoints(args.etcd), args.etcd_prefix, tls=etcd_tls)
         except (ValueError, StoreError) as err:
             parser.error(f"--etcd: {err}")
     try:
@@ -153,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError) as err:
         parser.error(str(err))
     log("listening", address=args.listen, port=port, ledger=ledger.location, models=[m.model for m in models],
-        tls=tls is not None, http=http.url if http else None, etcd=args.etcd, etcd_prefix=args.etcd_prefix)
+        tls=tls is not None, http=http.url if http else None, etcd=args.etcd, etcd_prefix=args.etcd_prefix,
+        etcd_tls=bool(args.etcd_ca))
     if http is not None:
         write_port_file(args.http_port_file, http.port)
     if relay is not None:

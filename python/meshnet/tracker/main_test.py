@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from meshnet.tracker.main import load_models
+from meshnet.tracker.main import load_models, main
 
 ENTRY = {"model": "m", "architecture": "llama", "n_layer": 30, "artifact_fingerprint": "sha256:a",
          "recipe_fingerprint": "sha256:r"}
@@ -24,3 +24,18 @@ def test_a_certified_entry_is_served(tmp_path):
     path.write_text(json.dumps([dict(ENTRY, certification={"suite": "meshnet-certify-v1", "passed": True})]))
     (model,) = load_models(path)
     assert model.certification["passed"] is True and model.architecture == "llama"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--etcd", "127.0.0.1:2379", "--etcd-ca", "ca.pem"], "go together"),
+    (["--etcd-ca", "ca.pem", "--etcd-cert", "c.pem", "--etcd-key", "c.key"], "need --etcd"),
+    (["--etcd", "127.0.0.1:2379", "--etcd-ca", "missing.pem", "--etcd-cert", "c.pem", "--etcd-key", "c.key"],
+     "is not a readable file"),
+])
+def test_etcd_tls_flags_are_checked_before_anything_starts(tmp_path, capsys, flags, message):
+    (tmp_path / "roles.json").write_text(json.dumps({"node": "n", "client": "c"}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--insecure", "--db", str(tmp_path / "ledger.db"), "--listen", "127.0.0.1:0",
+              "--roles-file", str(tmp_path / "roles.json"), "--ticket-key", str(tmp_path / "ticket.key"),
+              *[str(tmp_path / f) if f.endswith((".pem", ".key")) else f for f in flags]])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
