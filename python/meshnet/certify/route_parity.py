@@ -46,40 +46,39 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
     result: dict = {"cuts": cuts, "tokens": tokens, "prompts": []}
     with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as tmp:
         try:
-            _route_checks(Path(tmp), gguf, model, prompts, baseline, cuts, worker, tokens, log, result)
+            with LocalSwarm(Path(tmp), gguf, cuts, model=model, backend="gguf", worker_binary=worker,
+                            max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
+                            max_ban_seconds=MAX_BAN_SECONDS) as swarm, swarm.client() as tracker:
+                log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
+
+                def run(ids: Sequence[int]) -> list[int]:
+                    return list(RouteClient(tracker, model).generate(list(ids), GenerationParams(max_tokens=tokens)))
+
+                for ids, expected in zip(prompts, baseline):
+                    got = run(ids)
+                    first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
+                                 None if len(got) == len(expected) else min(len(got), len(expected)))
+                    result["prompts"].append({"prompt_tokens": len(ids), "equal": got == expected,
+                                              "first_difference": first})
+                result["route_equal"] = all(p["equal"] for p in result["prompts"])
+                log(f"route parity: {sum(p['equal'] for p in result['prompts'])}/{len(prompts)} prompts identical")
+                batch = [prompts[i % len(prompts)] for i in range(CONCURRENT_SESSIONS)]
+                started = time.monotonic()
+                with ThreadPoolExecutor(max_workers=CONCURRENT_SESSIONS) as pool:
+                    together = list(pool.map(run, batch))
+                solo = [baseline[i % len(prompts)] for i in range(CONCURRENT_SESSIONS)]
+                equal = sum(a == b for a, b in zip(together, solo))
+                result["concurrent"] = {"sessions": CONCURRENT_SESSIONS, "identical_to_solo": equal,
+                                        "seconds": round(time.monotonic() - started, 2)}
+                result["concurrent_equal"] = equal == CONCURRENT_SESSIONS
+                log(f"{CONCURRENT_SESSIONS} concurrent sessions: {equal}/{CONCURRENT_SESSIONS} identical to solo")
         except BaseException:
-            for name in sorted(Path(tmp).glob("*.log")):  # before the folder goes
-                log(f"--- {name.name} (last {LOG_TAIL_CHARS} characters) ---\n"
-                    f"{name.read_text(errors='replace')[-LOG_TAIL_CHARS:]}")
+            _log_tails(Path(tmp), log)  # before the folder goes
             raise
     return result
 
 
-def _route_checks(workdir: Path, gguf: Path, model: str, prompts: Sequence[Sequence[int]],
-                  baseline: Sequence[Sequence[int]], cuts: list, worker: Path, tokens: int,
-                  log: Callable[[str], None], result: dict) -> None:
-    with LocalSwarm(workdir, gguf, cuts, model=model, backend="gguf", worker_binary=worker,
-                    max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
-                    max_ban_seconds=MAX_BAN_SECONDS) as swarm, swarm.client() as tracker:
-        log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
-
-        def run(ids: Sequence[int]) -> list[int]:
-            return list(RouteClient(tracker, model).generate(list(ids), GenerationParams(max_tokens=tokens)))
-
-        for ids, expected in zip(prompts, baseline):
-            got = run(ids)
-            first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
-                         None if len(got) == len(expected) else min(len(got), len(expected)))
-            result["prompts"].append({"prompt_tokens": len(ids), "equal": got == expected, "first_difference": first})
-        result["route_equal"] = all(p["equal"] for p in result["prompts"])
-        log(f"route parity: {sum(p['equal'] for p in result['prompts'])}/{len(prompts)} prompts identical")
-        batch = [prompts[i % len(prompts)] for i in range(CONCURRENT_SESSIONS)]
-        started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=CONCURRENT_SESSIONS) as pool:
-            together = list(pool.map(run, batch))
-        solo = [baseline[i % len(prompts)] for i in range(CONCURRENT_SESSIONS)]
-        equal = sum(a == b for a, b in zip(together, solo))
-        result["concurrent"] = {"sessions": CONCURRENT_SESSIONS, "identical_to_solo": equal,
-                                "seconds": round(time.monotonic() - started, 2)}
-        result["concurrent_equal"] = equal == CONCURRENT_SESSIONS
-        log(f"{CONCURRENT_SESSIONS} concurrent sessions: {equal}/{CONCURRENT_SESSIONS} identical to solo")
+def _log_tails(folder: Path, log: Callable[[str], None]) -> None:
+    for name in sorted(folder.glob("*.log")):
+        log(f"--- {name.name} (last {LOG_TAIL_CHARS} characters) ---\n"
+            f"{name.read_text(errors='replace')[-LOG_TAIL_CHARS:]}")

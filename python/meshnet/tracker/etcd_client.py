@@ -99,10 +99,6 @@ class EtcdTls:
             if not os.access(path, os.R_OK) or not Path(path).is_file():
                 raise ValueError(f"etcd TLS {what} {path} is not a readable file")
 
-    def apply(self, session: requests.Session) -> None:
-        session.verify = str(self.ca)
-        session.cert = (str(self.cert), str(self.key))
-
 
 def etcd_session(tls: Optional[EtcdTls]) -> requests.Session:
     """A requests session for etcd: not from the environment (REQUESTS_CA_BUNDLE would replace the
@@ -110,7 +106,8 @@ def etcd_session(tls: Optional[EtcdTls]) -> requests.Session:
     session = requests.Session()
     session.trust_env = False
     if tls is not None:
-        tls.apply(session)
+        session.verify = str(tls.ca)
+        session.cert = (str(tls.cert), str(tls.key))
     return session
 
 

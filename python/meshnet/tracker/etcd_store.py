@@ -23,8 +23,9 @@ writes; other trackers' writes reach it one watch event later.
 
 Thread model: the Registry calls in from many request threads at once (route choice and
 failure reports under its lock, the rest without it); the cache is read and written under
-`_cache_lock` (the watch thread writes it), and etcd orders concurrent writes (compare-and-swap). Known limits: etcd extends every lease by its TTL when the leader changes (a node
-that died just before lives that much longer); a write retried after a lost answer is
+`_cache_lock` (the watch thread writes it), and etcd orders concurrent writes
+(compare-and-swap). Known limits: etcd extends every lease by its TTL when the leader changes (a
+node that died just before lives that much longer); a write retried after a lost answer is
 recognized by its writer token (sessions) but a close or strike retried so is not (a close may
 answer NOT_FOUND, a strike may count twice).
 """

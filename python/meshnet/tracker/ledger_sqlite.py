@@ -4,8 +4,9 @@ Made by ledger.py for a ledger path (`--db PATH`). Invariants: one connection be
 every write runs inside a BEGIN IMMEDIATE transaction (the file's single writer, also against
 other processes on the same file) committed with synchronous=FULL before `write` returns, so an
 acknowledged report survives a crash (kill -9) of the tracker. Writes that arrive together share
-a transaction (group commit, see _Pending), each in a savepoint, so a refused one writes nothing. The schema is the one ledgers
-have been written with since ADR 0003 (plus client_id, added in place to older files).
+a transaction (group commit, see _Pending), each in a savepoint, so a refused one writes nothing.
+The schema is the one ledgers have been written with since ADR 0003 (plus client_id, added in
+place to older files).
 """
 
 from __future__ import annotations

@@ -169,7 +169,8 @@ class Registry:
         if refused is not None:
             return tt.HeartbeatReply(refused)
         if not self._store.refresh_node(node_id, self._lease, load):
-            return tt.HeartbeatReply(_error(StatusCode.NOT_FOUND, f"node {node_id!r} has no live lease; register again", True))
+            return tt.HeartbeatReply(_error(StatusCode.NOT_FOUND, f"node {node_id!r} has no live lease; register again",
+                                            True))
         return tt.HeartbeatReply(OK, self.lease_ms)
 
     def drain(self, node_id: NodeId, caller: bytes) -> Status:
@@ -215,8 +216,7 @@ class Registry:
                 if len(listed[layer]) < MAX_LAYER_NODE_IDS:
                     listed[layer].append(n.info.node_id)
         layers = tuple(tt.LayerCoverage(layer, tuple(listed[layer]), replicas[layer]) for layer in range(n_layer))
-        candidates = [routing.Candidate(n.info.node_id, n.info.layers.start, n.info.layers.end) for n in routable]
-        gaps = tuple(tt.LayerRange(s, e) for s, e in routing.uncovered_ranges(candidates, n_layer))
+        gaps = tuple(tt.LayerRange(s, e) for s, e in routing.gaps([count > 0 for count in replicas]))
         dark = tuple(n.info.node_id for n in nodes if n.admission == tt.Admission.DARK)[:limit]
         quarantined = tuple(n.info.node_id for n in nodes if n.info.node_id in quarantined_ids)[:limit]
         infos = tuple(n.info for n in nodes[:limit])
@@ -369,9 +369,9 @@ class Registry:
         """Lock held. Picks hops for `session` at its epoch: the reply, and the record to store
         (with those hops, or none). Sessions other routes are being written for count as in use."""
         in_use: dict[NodeId, tuple[int, int]] = {}
-        sessions = dict(self._store.sessions())
-        sessions.update(self._opening)
-        for sid, other in sessions.items():
+        live = dict(self._store.sessions())
+        live.update(self._opening)
+        for sid, other in live.items():
             if sid == session_id:
                 continue
             for hop in other.hops:

@@ -66,14 +66,19 @@ def uncovered_ranges(candidates: Sequence[Candidate], n_layer: int) -> list[tupl
     for c in candidates:
         for layer in range(max(0, c.start), min(n_layer, c.end)):
             covered[layer] = True
-    gaps, start = [], None
-    for layer, ok in enumerate(covered + [True]):
+    return gaps(covered)
+
+
+def gaps(covered: Sequence[bool]) -> list[tuple[int, int]]:
+    """The [start, end) runs of layers whose `covered` is False."""
+    found, start = [], None
+    for layer, ok in enumerate([*covered, True]):
         if not ok and start is None:
             start = layer
         elif ok and start is not None:
-            gaps.append((start, layer))
+            found.append((start, layer))
             start = None
-    return gaps
+    return found
 
 
 def find_route(candidates: Sequence[Candidate], n_layer: int) -> list[RouteHop]:
