@@ -2,7 +2,9 @@
 // of a teacher-forced token sequence: what each hop of a route commits to, and what an audit
 // replays (issue 17's calibration, python/meshnet/verify/calibrate.py).
 //
-// Usage: dump_boundaries MODEL.gguf OUT_PREFIX RANGES BATCH THREADS TOKEN_ID...
+// Usage: dump_boundaries [--f32-matmul-activations] MODEL.gguf OUT_PREFIX RANGES BATCH THREADS TOKEN_ID...
+//   --f32-matmul-activations  quantized weights dequantized and dotted with F32 activations, for a
+//            model certified that way (ADR 0012)
 //   RANGES   the chain, e.g. 0:10,10:20,20:30; a range may leave layers out (0:10,10:15,16:30
 //            skips layer 15), which is how the calibration makes a hop that skips a layer, and
 //            may name its own GGUF (10:20@OTHER.gguf: another quantization of the same model).
@@ -82,8 +84,10 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool f32_matmul_activations = meshnet::engine::TakeLeadingFlag(&argc, &argv, "--f32-matmul-activations");
   if (argc < 7) {
-    std::cerr << "usage: dump_boundaries MODEL.gguf OUT_PREFIX RANGES BATCH THREADS TOKEN_ID...\n";
+    std::cerr << "usage: dump_boundaries [--f32-matmul-activations] MODEL.gguf OUT_PREFIX RANGES BATCH THREADS "
+                 "TOKEN_ID...\n";
     return 2;
   }
   const std::string path = argv[1], prefix = argv[2];
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
     context_options.n_ctx = n + 8;
     context_options.n_batch = context_options.n_ubatch = std::min(std::max(first_rows, batch_rows), n);
     context_options.n_threads = threads;
+    context_options.f32_matmul_activations = f32_matmul_activations;
     shard.context = Context::Create(*shard.model, context_options, &error);
     if (!shard.context) return Fail(error);
     chain.push_back(std::move(shard));

@@ -1,7 +1,9 @@
 // dump_logits: the whole model's logits for every position of a token sequence, for drift
 // measurements against other runtimes. Writes float32 [n_tokens, n_vocab] row-major to OUT.
 //
-// Usage: dump_logits [--optimized-kernels] [--f16-flash-attention] MODEL.gguf OUT TOKEN_ID...
+// Usage: dump_logits [--optimized-kernels] [--f16-flash-attention] [--f32-matmul-activations]
+//                    MODEL.gguf OUT TOKEN_ID...
+//   --f32-matmul-activations  quantized weights dequantized and dotted with F32 activations (ADR 0012)
 //   --f16-flash-attention  flash attention over an F16 KV cache (upstream's CPU default) instead
 //                          of the shards' F32 attention (diagnostic, ADR 0010)
 //   --optimized-kernels  ggml's optimized CPU kernels (tiled flash attention, op fusion) instead
@@ -24,13 +26,16 @@ int main(int argc, char** argv) {
       context_options.reference_kernels = false;
     } else if (flag == "--f16-flash-attention") {
       context_options.f32_attention = false;
+    } else if (flag == "--f32-matmul-activations") {
+      context_options.f32_matmul_activations = true;
     } else {
       std::cerr << "dump_logits: unknown flag " << flag << "\n";
       return 2;
     }
   }
   if (argc - first < 3) {
-    std::cerr << "usage: dump_logits [--optimized-kernels] [--f16-flash-attention] MODEL.gguf OUT TOKEN_ID...\n";
+    std::cerr << "usage: dump_logits [--optimized-kernels] [--f16-flash-attention] [--f32-matmul-activations] "
+                 "MODEL.gguf OUT TOKEN_ID...\n";
     return 2;
   }
   argv += first - 1;

@@ -180,19 +180,24 @@ void Batch::Clear() {
 
 namespace {
 
-// Switches every CPU backend of the context to ggml's reference kernels, through the CPU
-// backend's registry entry point (as llama.cpp itself reaches ggml_backend_set_n_threads).
-void UseReferenceCpuKernels(llama_context* ctx) {
-  using SetUseRef = void (*)(ggml_backend_t, bool);
+// Turns on a switch of every CPU backend of the context (`setter`, e.g.
+// "ggml_backend_cpu_set_use_ref"), through the CPU backend's registry entry point (as llama.cpp
+// itself reaches ggml_backend_set_n_threads). False when no backend of the context has it.
+bool SetCpuBackendSwitch(llama_context* ctx, const char* setter) {
+  using Set = void (*)(ggml_backend_t, bool);
+  bool found = false;
   ggml_backend_sched_t sched = ctx->get_sched();
   for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
     ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
     ggml_backend_dev_t device = ggml_backend_get_device(backend);
     ggml_backend_reg_t reg = device != nullptr ? ggml_backend_dev_backend_reg(device) : nullptr;
     if (reg == nullptr) continue;
-    auto set = reinterpret_cast<SetUseRef>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_cpu_set_use_ref"));
-    if (set != nullptr) set(backend, true);
+    auto set = reinterpret_cast<Set>(ggml_backend_reg_get_proc_address(reg, setter));
+    if (set == nullptr) continue;
+    set(backend, true);
+    found = true;
   }
+  return found;
 }
 
 }  // namespace
@@ -227,7 +232,13 @@ std::unique_ptr<Context> Context::Create(Model& model, const ContextOptions& opt
     *error = "cannot create a context" + (why.empty() ? std::string() : ": " + why);
     return nullptr;
   }
-  if (options.reference_kernels) UseReferenceCpuKernels(ctx);
+  if (options.reference_kernels) SetCpuBackendSwitch(ctx, "ggml_backend_cpu_set_use_ref");
+  if (options.f32_matmul_activations && !SetCpuBackendSwitch(ctx, "ggml_backend_cpu_set_f32_activations")) {
+    llama_free(ctx);
+    *error = "F32 matmul activations asked for, but this llama.cpp build has no "
+             "ggml_backend_cpu_set_f32_activations (patch 0010)";
+    return nullptr;
+  }
   return std::unique_ptr<Context>(new Context(model, ctx));
 }
 

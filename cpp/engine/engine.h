@@ -100,6 +100,12 @@ struct ContextOptions {
   // per-row kernel, which visits only the session's own cells in order, stays (UsesF32Attention).
   // false: flash attention over an F16 cache, as upstream runs it on CPU.
   bool f32_attention = true;
+  // Matmuls with quantized weights take F32 activations: each weight row is dequantized to F32 and
+  // dotted with the F32 activations (patch 0010), where llama.cpp otherwise quantizes the
+  // activations to the weight type's dot type (Q8_0, Q8_1, Q8_K). What Transformers computes on
+  // the dequantized weights, up to summation order; several times the CPU cost of a decode step.
+  // Part of a model's certified recipe (ADR 0012): false is llama.cpp's arithmetic.
+  bool f32_matmul_activations = false;
 };
 
 // Whether a context made with `options` computes attention in F32 (see f32_attention).

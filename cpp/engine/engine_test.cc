@@ -271,10 +271,10 @@ SessionLogits RunBatched(Chain& chain, const std::vector<std::vector<int32_t>>& 
 }
 
 SessionLogits RunSeparately(const std::vector<std::vector<int32_t>>& prompts,
-                            const std::vector<std::vector<int32_t>>& forced, bool unified_kv) {
+                            const std::vector<std::vector<int32_t>>& forced, const ContextOptions& options) {
   SessionLogits out;
   for (size_t s = 0; s < prompts.size(); ++s) {
-    Chain chain(g_smollm2, {kSeqCut}, SmallContext(3, unified_kv));
+    Chain chain(g_smollm2, {kSeqCut}, options);
     out.push_back(RunBatched(chain, {prompts[s]}, {forced[s]})[0]);
   }
   return out;
@@ -304,16 +304,17 @@ constexpr float kBatchTolerance = 2e-2f;
 
 // Both batch-invariant configurations (ADR 0009, 0010): one KV stream per session with F32
 // attention (the workers' default), and one shared stream with the per-row flash attention that
-// UsesF32Attention falls back to there.
-void ExpectBatchedMatchesAlone(bool unified_kv) {
-  const ContextOptions options = SmallContext(3, unified_kv);
+// UsesF32Attention falls back to there; and the first with F32 matmul activations (ADR 0012).
+void ExpectBatchedMatchesAlone(bool unified_kv, bool f32_matmul_activations = false) {
+  ContextOptions options = SmallContext(3, unified_kv);
+  options.f32_matmul_activations = f32_matmul_activations;
   EXPECT_EQ(UsesF32Attention(options), !unified_kv);
   Chain chain(g_smollm2, {kSeqCut}, options);
   ASSERT_TRUE(chain.ok());
   const auto prompts = SessionPrompts(chain.model(0));
   const auto forced = Continuations(prompts);
   const SessionLogits batched = RunBatched(chain, prompts, forced);
-  const SessionLogits alone = RunSeparately(prompts, forced, unified_kv);
+  const SessionLogits alone = RunSeparately(prompts, forced, options);
   const float d = MaxAbsDiff(batched, alone);
   int agree = 0, total = 0;
   for (size_t s = 0; s < batched.size(); ++s) {
@@ -321,8 +322,8 @@ void ExpectBatchedMatchesAlone(bool unified_kv) {
       agree += Argmax(batched[s][i]) == Argmax(alone[s][i]);
     }
   }
-  std::printf("3 sessions batched vs alone (unified_kv %d): max |logit diff| %g, argmax agree %d/%d\n",
-              unified_kv, d, agree, total);
+  std::printf("3 sessions batched vs alone (unified_kv %d, f32 matmul activations %d): max |logit diff| %g, "
+              "argmax agree %d/%d\n", unified_kv, f32_matmul_activations, d, agree, total);
   EXPECT_EQ(agree, total);
   EXPECT_LE(d, kBatchTolerance);
 }
@@ -333,6 +334,32 @@ TEST(SequencesTest, ThreeSessionsInOneBatchMatchSeparateRunsWithAStreamEach) {
 
 TEST(SequencesTest, ThreeSessionsInOneBatchMatchSeparateRunsInOneSharedStream) {
   ExpectBatchedMatchesAlone(/*unified_kv=*/true);
+}
+
+TEST(SequencesTest, ThreeSessionsInOneBatchMatchSeparateRunsWithF32MatmulActivations) {
+  ExpectBatchedMatchesAlone(/*unified_kv=*/false, /*f32_matmul_activations=*/true);
+}
+
+// The switch reaches the kernels: on the Q4_1 model, F32 activations (dequantized weights) give
+// other logits than Q8_1-quantized ones, close to them, and a chain of shards reproduces the whole
+// model's F32-activation logits exactly (every shard sets it).
+TEST(EngineTest, F32MatmulActivationsChangeTheArithmeticAndSplitExactly) {
+  ContextOptions quantized = SmallContext();
+  ContextOptions f32 = SmallContext();
+  f32.f32_matmul_activations = true;
+  Chain full_quantized(g_smollm2, {}, quantized), full_f32(g_smollm2, {}, f32), split_f32(g_smollm2, {kSeqCut}, f32);
+  ASSERT_TRUE(full_quantized.ok() && full_f32.ok() && split_f32.ok());
+  const auto prompt = Tokens(full_f32.model(0), "In 1905, Albert Einstein published four papers. ", 33);
+  std::vector<std::vector<float>> lq, lf, ls;
+  const auto tq = Greedy(full_quantized, prompt, 16, &lq);
+  const auto tf = Greedy(full_f32, prompt, 16, &lf);
+  const auto ts = Greedy(split_f32, prompt, 16, &ls);
+  const float apart = MaxAbsDiff({lq[0]}, {lf[0]});
+  std::printf("first step: quantized vs f32 activations max |logit diff| %g\n", apart);
+  EXPECT_GT(apart, 0.0f);
+  EXPECT_LT(apart, 1.0f);
+  EXPECT_EQ(ts, tf);
+  EXPECT_EQ(MaxAbsDiff(ls, lf), 0.0f);
 }
 
 TEST(SequencesTest, ChangingSessionBDoesNotChangeSessionA) {

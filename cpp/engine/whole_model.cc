@@ -13,6 +13,14 @@ std::vector<int32_t> TokenArgs(int argc, char** argv, int first) {
   return tokens;
 }
 
+bool TakeLeadingFlag(int* argc, char*** argv, const std::string& flag) {
+  if (*argc < 2 || flag != (*argv)[1]) return false;
+  (*argv)[1] = (*argv)[0];
+  ++*argv;
+  --*argc;
+  return true;
+}
+
 std::optional<WholeModel> OpenWholeModel(const char* tool, const std::string& path,
                                          const ContextOptions& options) {
   std::string error;

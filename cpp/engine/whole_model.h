@@ -22,6 +22,10 @@ struct WholeModel {
 // argv[first..argc) as token ids.
 std::vector<int32_t> TokenArgs(int argc, char** argv, int first);
 
+// Whether argv[1] is `flag`; if so it is taken off (argv[0] moves up one, argc drops by one), so
+// the positional arguments keep their indices.
+bool TakeLeadingFlag(int* argc, char*** argv, const std::string& flag);
+
 // Opens `path` and a context of `options` on it; nullopt (with the error printed) on failure.
 std::optional<WholeModel> OpenWholeModel(const char* tool, const std::string& path,
                                          const ContextOptions& options);

@@ -5,7 +5,7 @@
 //   (--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] [--listen=127.0.0.1:0]
 //   [--threads=N] [--max_sessions=N] [--n_ctx=N] [--max_batch_tokens=N]
 //   [--max_prefill_chunk=N] [--queue=N] [--batch_window_us=US] [--idle_seconds=S] [--unified_kv=0|1] [--reference_kernels=0|1]
-//   [--f32_attention=0|1]
+//   [--f32_attention=0|1] [--f32_matmul_activations=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
 //   [--parent_pid=PID] [--commitments=0|1] [--cheat=noise:F|garbage|forge_tokens|skip_layer]   (--cheat: tests only)
@@ -160,6 +160,9 @@ int main(int argc, char** argv) {
   // --f32_attention=0: flash attention over an F16 KV cache, as upstream runs on CPU; its per-row
   // kernel sums V in F16, which costs agreement with fp32 math (ADR 0010); benchmarks only.
   options.context.f32_attention = Int(flags, "f32_attention", 1) != 0;
+  // --f32_matmul_activations=1: quantized weights are dequantized and dotted with F32 activations
+  // instead of quantized ones (ADR 0012); the model's certified recipe says which.
+  options.context.f32_matmul_activations = Int(flags, "f32_matmul_activations", 0) != 0;
   options.max_batch_tokens = Int(flags, "max_batch_tokens", 256);
   options.max_prefill_chunk = Int(flags, "max_prefill_chunk", 128);
   options.max_queue = Int(flags, "queue", 64);

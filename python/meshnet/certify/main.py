@@ -1,7 +1,7 @@
 """Certify a GGUF for the swarm: run the parity suite, and write the tracker's entry only if it passes.
 
   tools/bazel run //python:certify -- --gguf /abs/M.gguf --model NAME [--append /abs/models.json]
-                                      [--report /abs/report.json]
+                                      [--report /abs/report.json] [--matmul-activations f32]
 
 Checks, for a model whose architecture has a layer-range adapter (others stay dark: exit 2):
   1. route parity: a tracker and 3 GGUF nodes on loopback give the greedy tokens of
@@ -10,6 +10,10 @@ Checks, for a model whose architecture has a layer-range adapter (others stay da
   3. teacher-forced top-1 agreement with Transformers fp32 on the same (dequantized) weights is
      at least 0.98 over 256 positions (KL reported);
   4. each node's memory follows its range (certify/memory.py).
+Every check runs the recipe being certified: `--matmul-activations quantized` (the default,
+llama.cpp's arithmetic) or `f32` (quantized weights dequantized and dotted with F32 activations,
+ADR 0012: slower decode, the arithmetic of the fp32 reference); the entry records which, and
+nodes and verifiers must run the same.
 Prompts are tokenized by llama.cpp itself (//cpp/engine:tokenize), so any vocabulary works.
 The report (all figures) goes to stdout's last line and to --report; the entry (meshnet.recipe
 .certify, plus a "certification" record of the figures) is added to --append, replacing one of
@@ -34,23 +38,38 @@ from meshnet.recipe import certify as entries
 from meshnet.recipe.adapters import has_adapter, layer_range_adapters
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.gguf_header import read_header
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
 from meshnet.swarm.local import even_cuts
 
 SUITE = "meshnet-certify-v1"
 TOKENS = 64
 NODES = 3
 TOP1_MIN = 0.98  # issue 18's bar, fixed before any model was measured
-# --diagnose-kernels: teacher-forced agreement under other kernel choices than the shards' (not
-# checks): dump_logits flags per diagnostic (ADR 0009, 0010).
-KERNEL_DIAGNOSTICS = {
-    "f16_flash_attention": ["--f16-flash-attention"],
-    "upstream_cpu_kernels": ["--optimized-kernels", "--f16-flash-attention"],
-}
+F32_MATMUL = ["--f32-matmul-activations"]  # dump_logits' flag for the f32 recipe
+
+
+def recipe_flags(matmul_activations: str) -> list[str]:
+    """dump_logits' flags for the shards' runtime under the recipe's matmul activations."""
+    return F32_MATMUL if matmul_activations == "f32" else []
+
+
+def kernel_diagnostics(matmul_activations: str) -> dict[str, list[str]]:
+    """--diagnose-kernels: teacher-forced agreement under other kernel choices than the certified
+    runtime's (not checks), as dump_logits flags: the other matmul activations (ADR 0012), F16
+    flash attention (ADR 0010), and upstream's CPU kernels in full (ADR 0009)."""
+    other = "quantized" if matmul_activations == "f32" else "f32"
+    return {f"{other}_matmul_activations": recipe_flags(other),
+            "f16_flash_attention": [*recipe_flags(matmul_activations), "--f16-flash-attention"],
+            "upstream_cpu_kernels": ["--optimized-kernels", "--f16-flash-attention"]}
 
 
 def expert_count(gguf: Path, architecture: str) -> int:
     value = read_header(gguf).metadata.get(f"{architecture}.expert_count")
     return int(value) if isinstance(value, int) else 0
+
+
+def summary_is_quantized(gguf: Path) -> bool:
+    return gguf_summary(gguf).file_type not in ("F32", "F16", "BF16")
 
 
 def run_suite(args: argparse.Namespace, log) -> dict:
@@ -59,19 +78,21 @@ def run_suite(args: argparse.Namespace, log) -> dict:
     tokenizer = LlamaCppTokenizer(gguf, args.tokenize_binary)
     prompts = tokenizer.encode_many(PARITY_PROMPTS)
     report: dict = {"suite": SUITE, "model": args.model, "architecture": summary.architecture,
-                    "n_layer": summary.n_layer, "gguf": str(gguf)}
+                    "n_layer": summary.n_layer, "gguf": str(gguf), "matmul_activations": args.matmul_activations}
     started = time.monotonic()
     report["route"] = route_parity(gguf, args.model, prompts, worker=args.worker_binary, greedy=args.greedy_binary,
-                                   tokens=args.tokens, nodes=NODES, n_layer=summary.n_layer, log=log)
+                                   tokens=args.tokens, nodes=NODES, n_layer=summary.n_layer, log=log,
+                                   matmul_activations=args.matmul_activations)
     ids = sequence(tokenizer, args.positions)
     log(f"teacher-forced: Transformers fp32 against llama.cpp over {len(ids)} positions")
-    measured = agreements(gguf, args.dump_logits, ids, [[], *KERNEL_DIAGNOSTICS.values()] if args.diagnose_kernels else [[]])
+    diagnostics = kernel_diagnostics(args.matmul_activations) if args.diagnose_kernels else {}
+    measured = agreements(gguf, args.dump_logits, ids, [recipe_flags(args.matmul_activations), *diagnostics.values()])
     report["teacher_forced"] = measured[0]
     log(f"  top-1 {report['teacher_forced']['top1_agreement']}, mean KL "
         f"{report['teacher_forced']['mean_kl_transformers_to_gguf']}")
     if args.diagnose_kernels:
-        report["diagnostics"] = {f"teacher_forced_{name}": m for name, m in zip(KERNEL_DIAGNOSTICS, measured[1:])}
-        for name, m in zip(KERNEL_DIAGNOSTICS, measured[1:]):
+        report["diagnostics"] = {f"teacher_forced_{name}": m for name, m in zip(diagnostics, measured[1:])}
+        for name, m in zip(diagnostics, measured[1:]):
             log(f"  diagnostic, {name.replace('_', ' ')}: top-1 {m['top1_agreement']}, mean KL "
                 f"{m['mean_kl_transformers_to_gguf']}")
     log("memory: the whole model and each range in its own process")
@@ -103,9 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="also write the report here")
     parser.add_argument("--tokens", type=int, default=TOKENS, help=argparse.SUPPRESS)
     parser.add_argument("--positions", type=int, default=POSITIONS, help=argparse.SUPPRESS)
+    parser.add_argument("--matmul-activations", choices=MATMUL_ACTIVATIONS, default="quantized",
+                        help="the recipe to certify: quantized (llama.cpp's arithmetic) or f32 (quantized weights "
+                             "dequantized and dotted with F32 activations; slower decode; ADR 0012)")
     parser.add_argument("--diagnose-kernels", action="store_true",
-                        help="also report teacher-forced agreement under F16 flash attention and under upstream's CPU "
-                             "kernels (diagnostics, not checks)")
+                        help="also report teacher-forced agreement under the other matmul activations, F16 flash "
+                             "attention and upstream's CPU kernels (diagnostics, not checks)")
     for tool in ("worker-binary", "greedy-binary", "dump-logits", "measure-shard", "tokenize-binary"):
         parser.add_argument(f"--{tool}", type=Path, required=True, help="set by bazel run")
     args = parser.parse_args(argv)
@@ -133,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
     if report["passed"] and args.append:
-        entry = entries.certify(args.gguf, args.model, "gguf")
+        entry = entries.certify(args.gguf, args.model, "gguf", args.matmul_activations)
         entry["certification"] = {"suite": SUITE, "passed": True, "checks": report["checks"],
                                   "teacher_forced": report["teacher_forced"], "cuts": report["route"]["cuts"]}
         write_entry(args.append, entry)
@@ -143,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         failed = [name for name, ok in report["checks"].items() if not ok]
         log(f"FAILED: {', '.join(failed)}; nothing written")
+        if failed == ["teacher_forced_top1"] and args.matmul_activations == "quantized" and summary_is_quantized(args.gguf):
+            log("  quantized activations may be what costs the agreement: --matmul-activations f32 certifies the "
+                "recipe that dequantizes the weights instead (slower decode; ADR 0012)")
     print(json.dumps(report))
     return 0 if report["passed"] else 1
 

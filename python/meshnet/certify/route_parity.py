@@ -27,28 +27,32 @@ BAN_SECONDS, MAX_BAN_SECONDS = 1.0, 4.0
 LOG_TAIL_CHARS = 3000  # of each process's log, shown when the swarm fails
 
 
-def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int) -> list[int]:
+def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int,
+                     matmul_activations: str = "quantized") -> list[int]:
     """The whole model's greedy tokens in one llama.cpp process (//cpp/engine:greedy: no layer
-    range, upstream behaviour), the baseline a route must match token for token."""
-    proc = subprocess.run([str(greedy), str(gguf), str(tokens), *map(str, ids)], capture_output=True, text=True,
-                          check=True)
+    range, upstream behaviour; with the recipe's matmul activations), the baseline a route must
+    match token for token."""
+    flags = ["--f32-matmul-activations"] if matmul_activations == "f32" else []
+    proc = subprocess.run([str(greedy), *flags, str(gguf), str(tokens), *map(str, ids)], capture_output=True,
+                          text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
 
 
 def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, worker: Path, greedy: Path,
                  tokens: int = 64, nodes: int = 3, n_layer: int, log: Callable[[str], None] = print,
-                 cuts: Optional[Sequence[tuple[int, int]]] = None) -> dict:
+                 cuts: Optional[Sequence[tuple[int, int]]] = None, matmul_activations: str = "quantized") -> dict:
     """{"cuts", "prompts": [{"equal", "first_difference"}...], "route_equal", "concurrent": {...}}.
-    `cuts` (default: `nodes` even ranges) are the nodes' layer ranges."""
+    `cuts` (default: `nodes` even ranges) are the nodes' layer ranges; `matmul_activations` the
+    recipe's, on the nodes and the baseline alike."""
     cuts = list(cuts) if cuts is not None else even_cuts(n_layer, nodes)
-    baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens) for ids in prompts]
+    baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens, matmul_activations) for ids in prompts]
     log(f"single-process llama.cpp: {len(prompts)} prompts x {tokens} greedy tokens")
     result: dict = {"cuts": cuts, "tokens": tokens, "prompts": []}
     with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as tmp:
         try:
             with LocalSwarm(Path(tmp), gguf, cuts, model=model, backend="gguf", worker_binary=worker,
                             max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
-                            max_ban_seconds=MAX_BAN_SECONDS) as swarm, swarm.client() as tracker:
+                            max_ban_seconds=MAX_BAN_SECONDS, matmul_activations=matmul_activations) as swarm, swarm.client() as tracker:
                 log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
 
                 def run(ids: Sequence[int]) -> list[int]:

@@ -100,14 +100,15 @@ class GgufBackend:
     def __init__(self, worker_binary: Path, gguf: Path, layers: tuple[int, int], listen: str, node_id: str, *,
                  threads: int, max_sessions: int, max_kv_tokens: int, log: Optional[Path], tracker_key: bytes,
                  tls: Optional[tuple[Path, Path]], node_key: bytes = b"", cheat: str = "",
-                 commitments: bool = True, reference_kernels: bool = True) -> None:
+                 commitments: bool = True, reference_kernels: bool = True, f32_matmul_activations: bool = False) -> None:
         """`tls`: paths of the shard service's certificate and key PEM, or None (--insecure).
         `node_key`: the identity seed the worker signs commitments with; `cheat`: tests only."""
         self.node_id = node_id
         self._worker = WorkerProcess(worker_binary, gguf, layers, listen.rsplit(":", 1)[0], node_id, threads=threads,
                                      max_sessions=max_sessions, n_ctx=max_kv_tokens, tracker_key=tracker_key,
                                      tls=tls, log=log, node_key=node_key, cheat=cheat, commitments=commitments,
-                                     reference_kernels=reference_kernels)
+                                     reference_kernels=reference_kernels,
+                                     f32_matmul_activations=f32_matmul_activations)
         self._worker.start()
 
     @property

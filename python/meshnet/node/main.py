@@ -42,6 +42,7 @@ from meshnet.node.tracker_link import NodeRefused, TrackerLink
 from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 from meshnet.recipe.certify import recipe_of
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
 from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
 from meshnet.relay.agent import RelayAgent
 from meshnet.relay.errors import RelayUnavailable
@@ -107,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relay-tls-key", type=Path, help="its key")
     parser.add_argument("--no-commitments", action="store_true", help="BENCHMARKS ONLY: keep no commitments (such a "
                         "node cannot be audited; ADR 0008)")
+    parser.add_argument("--matmul-activations", choices=MATMUL_ACTIVATIONS,
+                        help="what matmuls with quantized weights do with their activations, as the model's certified "
+                             "recipe says (its models.json entry): quantized (llama.cpp's arithmetic, the gguf default) or "
+                             "f32 (weights dequantized, F32 dot products; ADR 0012). The tracker refuses another recipe")
     parser.add_argument("--optimized-kernels", action="store_true", help="BENCHMARKS ONLY: upstream's CPU "
                         "defaults (ggml's optimized kernels, flash attention over an F16 KV cache); sessions batched "
                         "together may then differ from solo (ADR 0009, 0010)")
@@ -138,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(f"--layers {start}:{end}: {err}")
     artifact = artifact_fingerprint(args.gguf)
-    recipe = recipe_of(summary, args.backend).fingerprint()
+    try:
+        recipe = recipe_of(summary, args.backend, args.matmul_activations)
+    except ValueError as err:
+        parser.error(f"--matmul-activations: {err}")
     identity = Identity.load_or_create(args.identity)
     node_id = identity.node_id
     relay_ca = args.relay_ca or args.tracker_ca
@@ -164,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
                                   log=args.port_file.with_suffix(".worker.log") if args.port_file else None,
                                   node_key=identity.seed, cheat=args.cheat or "",
                                   commitments=not args.no_commitments,
-                                  reference_kernels=not args.optimized_kernels)
+                                  reference_kernels=not args.optimized_kernels,
+                                  f32_matmul_activations=recipe.matmul_activations == "f32")
         else:
             import torch  # only the reference backend computes in this process
 
             torch.set_num_threads(args.threads)
-            backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id, Fingerprints(artifact, recipe),
+            backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id, Fingerprints(artifact, recipe.fingerprint()),
                                        max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
                                        idle_seconds=args.session_idle_seconds, tracker_key=tracker_key,
                                        tls=(cert_pem, key_pem) if cert_pem else None)
@@ -196,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return serve(args, tracker, backend, via, tt.NodeInfo(
                 node_id, backend.address, backend.kind, args.model, summary.architecture,
-                Fingerprints(artifact, recipe), range_fp, tt.LayerRange(start, end),
+                Fingerprints(artifact, recipe.fingerprint()), range_fp, tt.LayerRange(start, end),
                 tt.Capacity(args.max_sessions, args.max_kv_tokens, 0, backend.max_session_tokens),
                 summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else ""), metrics)
         finally:

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from meshnet.recipe.fingerprint import GgufSummary, artifact_fingerprint, gguf_summary, tensor_digests
-from meshnet.recipe.recipe import RuntimeRecipe, recipe_for
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, RuntimeRecipe, recipe_for
 
 
 def llama_cpp_commit() -> str:
@@ -35,30 +35,46 @@ def llama_cpp_commit() -> str:
     return match.group(1)
 
 
-# What each backend runs, besides the artifact: wire dtype, KV dtype, runtime identity.
+# What each backend runs, besides the artifact: wire dtype, KV dtype (the shards' F32 cache, ADR
+# 0010), runtime identity, and its default matmul activations (the reference computes everything in
+# F32; a GGUF node quantizes activations for quantized weights unless its model was certified with
+# F32 ones, ADR 0012).
 BACKEND_DEFAULTS = {
-    "reference": {"activation_dtype": "f32", "kv_dtype": "f32", "patch_level": "transformers-reference-v1"},
-    "gguf": {"activation_dtype": "f32", "kv_dtype": "f16", "patch_level": f"llama.cpp@{llama_cpp_commit()[:7]}"},
+    "reference": {"activation_dtype": "f32", "kv_dtype": "f32", "patch_level": "transformers-reference-v1",
+                  "matmul_activations": "f32"},
+    "gguf": {"activation_dtype": "f32", "kv_dtype": "f32", "patch_level": f"llama.cpp@{llama_cpp_commit()[:7]}",
+             "matmul_activations": "quantized"},
 }
 
 
-def recipe_of(summary: GgufSummary, backend: str) -> RuntimeRecipe:
+def recipe_of(summary: GgufSummary, backend: str, matmul_activations: str | None = None) -> RuntimeRecipe:
+    """The recipe of serving `summary`'s artifact with `backend`; `matmul_activations` (None: the
+    backend's default) may only be chosen for the gguf backend."""
     if backend not in BACKEND_DEFAULTS:
         raise ValueError(f"unknown backend {backend!r}; known: {sorted(BACKEND_DEFAULTS)}")
-    return recipe_for(summary, backend, **BACKEND_DEFAULTS[backend])
+    fields = dict(BACKEND_DEFAULTS[backend])
+    if matmul_activations is not None:
+        if backend != "gguf" and matmul_activations != fields["matmul_activations"]:
+            raise ValueError(f"the {backend} backend computes matmuls with {fields['matmul_activations']} activations")
+        fields["matmul_activations"] = matmul_activations
+    return recipe_for(summary, backend, **fields)
 
 
-def node_fingerprints(gguf: str | Path, backend: str) -> tuple[GgufSummary, str, str]:
+def node_fingerprints(gguf: str | Path, backend: str,
+                      matmul_activations: str | None = None) -> tuple[GgufSummary, str, str]:
     """(summary, artifact fingerprint, recipe fingerprint) of serving `gguf` with `backend`."""
     summary = gguf_summary(gguf)
-    return summary, artifact_fingerprint(gguf), recipe_of(summary, backend).fingerprint()
+    return summary, artifact_fingerprint(gguf), recipe_of(summary, backend, matmul_activations).fingerprint()
 
 
-def certify(gguf: str | Path, model: str, backend: str) -> dict:
-    summary, artifact, recipe = node_fingerprints(gguf, backend)
+def certify(gguf: str | Path, model: str, backend: str, matmul_activations: str | None = None) -> dict:
+    """The tracker's entry; `matmul_activations` is recorded in clear too, so a node refused for
+    another recipe is told which one to run."""
+    summary = gguf_summary(gguf)
+    recipe = recipe_of(summary, backend, matmul_activations)
     return {"model": model, "architecture": summary.architecture, "n_layer": summary.n_layer,
-            "artifact_fingerprint": artifact, "recipe_fingerprint": recipe,
-            "tensor_digests": tensor_digests(gguf)[1]}
+            "artifact_fingerprint": artifact_fingerprint(gguf), "recipe_fingerprint": recipe.fingerprint(),
+            "matmul_activations": recipe.matmul_activations, "tensor_digests": tensor_digests(gguf)[1]}
 
 
 def main() -> None:
@@ -66,9 +82,14 @@ def main() -> None:
     parser.add_argument("--gguf", required=True, type=Path)
     parser.add_argument("--model", required=True, help="the name clients ask for")
     parser.add_argument("--backend", required=True, choices=sorted(BACKEND_DEFAULTS))
+    parser.add_argument("--matmul-activations", choices=MATMUL_ACTIVATIONS,
+                        help="gguf only: F32 activations for quantized weights (ADR 0012); default quantized")
     parser.add_argument("--append", type=Path, help="add (or replace) the entry in this models.json")
     args = parser.parse_args()
-    entry = certify(args.gguf, args.model, args.backend)
+    try:
+        entry = certify(args.gguf, args.model, args.backend, args.matmul_activations)
+    except ValueError as err:
+        parser.error(str(err))
     if args.append:
         entries = json.loads(args.append.read_text()) if args.append.exists() else []
         entries = [e for e in entries if e.get("model") != args.model] + [entry]

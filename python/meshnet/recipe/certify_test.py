@@ -21,13 +21,31 @@ def test_entry_matches_node_fingerprints(gguf):
     summary, artifact, recipe = certify.node_fingerprints(gguf, "reference")
     digests = entry.pop("tensor_digests")
     assert entry == {"model": "tiny", "architecture": "llama", "n_layer": summary.n_layer,
-                     "artifact_fingerprint": artifact, "recipe_fingerprint": recipe}
+                     "artifact_fingerprint": artifact, "recipe_fingerprint": recipe, "matmul_activations": "f32"}
     for start, end in ((0, 1), (1, 3), (0, summary.n_layer)):  # what a node serving them declares
         assert fingerprint.certified_range_fingerprint(digests, summary.n_layer, start, end) == \
             fingerprint.range_fingerprint(gguf, start, end)
     assert certify.certify(gguf, "tiny", "gguf")["recipe_fingerprint"] != recipe
     with pytest.raises(ValueError):
         certify.certify(gguf, "tiny", "tensorrt")
+
+
+def test_matmul_activations_are_part_of_the_recipe(gguf):
+    """A GGUF model certified with F32 matmul activations (ADR 0012) has another recipe than with
+    quantized ones, so the tracker refuses a node that computes the other way; the reference
+    backend only computes in F32."""
+    default = certify.certify(gguf, "tiny", "gguf")
+    quantized = certify.certify(gguf, "tiny", "gguf", "quantized")
+    f32 = certify.certify(gguf, "tiny", "gguf", "f32")
+    assert default["matmul_activations"] == "quantized" and f32["matmul_activations"] == "f32"
+    assert default["recipe_fingerprint"] == quantized["recipe_fingerprint"] != f32["recipe_fingerprint"]
+    assert f32["recipe_fingerprint"] == certify.node_fingerprints(gguf, "gguf", "f32")[2]
+    assert certify.certify(gguf, "tiny", "reference", "f32")["recipe_fingerprint"] == \
+        certify.certify(gguf, "tiny", "reference")["recipe_fingerprint"]
+    with pytest.raises(ValueError, match="reference backend computes matmuls with f32 activations"):
+        certify.certify(gguf, "tiny", "reference", "quantized")
+    with pytest.raises(ValueError, match="matmul_activations 'bf16'"):
+        certify.certify(gguf, "tiny", "gguf", "bf16")
 
 
 def test_cli_appends_and_replaces(gguf, tmp_path):

@@ -15,9 +15,13 @@ import math
 
 from meshnet.recipe.fingerprint import GgufSummary
 
-RECIPE_VERSION = 1  # bump on any change to the fields or to canonical_bytes
+RECIPE_VERSION = 2  # bump on any change to the fields or to canonical_bytes (2: matmul_activations)
 BACKENDS = ("gguf", "reference")
 ACTIVATION_DTYPES = ("f32", "f16", "bf16")  # the seam's hidden-state wire dtypes
+# What a matmul with quantized weights does with its activations: "quantized" (llama.cpp's own
+# arithmetic: the activations are quantized to the weight type's dot type, Q8_0/Q8_1/Q8_K) or "f32"
+# (the weight rows are dequantized and dotted with F32 activations; ADR 0012).
+MATMUL_ACTIVATIONS = ("quantized", "f32")
 # KV cache element types llama.cpp accepts (its --cache-type-k/-v choices).
 KV_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -29,6 +33,7 @@ class RuntimeRecipe:
     weight_quantization: str  # GGUF weight type name, e.g. "Q4_1", "F32"
     activation_dtype: str  # wire dtype of hidden states between shards: "f32", "f16" or "bf16"
     kv_dtype: str  # KV cache element type, one of KV_DTYPES
+    matmul_activations: str  # one of MATMUL_ACTIVATIONS
     context_length: int  # maximum positions a session may use
     rope_freq_base: float  # RoPE base frequency (theta)
     rope_freq_scale: float  # RoPE frequency scale, llama.cpp's convention (1 / scaling factor)
@@ -41,6 +46,8 @@ class RuntimeRecipe:
             raise ValueError(f"activation_dtype {self.activation_dtype!r} not in {ACTIVATION_DTYPES}")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {self.kv_dtype!r} not in {KV_DTYPES}")
+        if self.matmul_activations not in MATMUL_ACTIVATIONS:
+            raise ValueError(f"matmul_activations {self.matmul_activations!r} not in {MATMUL_ACTIVATIONS}")
         for name in ("architecture", "weight_quantization"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -82,6 +89,7 @@ def recipe_for(
     activation_dtype: str = "f32",
     kv_dtype: str = "f16",
     patch_level: str = "",
+    matmul_activations: str = "quantized",
 ) -> RuntimeRecipe:
     """The recipe of serving the artifact described by `summary` at its training context.
 
@@ -93,6 +101,7 @@ def recipe_for(
         weight_quantization=summary.file_type,
         activation_dtype=activation_dtype,
         kv_dtype=kv_dtype,
+        matmul_activations=matmul_activations,
         context_length=summary.context_length,
         rope_freq_base=summary.rope_freq_base,
         rope_freq_scale=summary.rope_freq_scale,

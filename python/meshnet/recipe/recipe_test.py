@@ -17,6 +17,7 @@ FIELDS = dict(
     weight_quantization="Q4_1",
     activation_dtype="f32",
     kv_dtype="f16",
+    matmul_activations="quantized",
     context_length=8192,
     rope_freq_base=100000.0,
     rope_freq_scale=1.0,
@@ -24,7 +25,7 @@ FIELDS = dict(
 )
 EXPECTED_BYTES = (
     b'{"activation_dtype":"f32","architecture":"llama","backend":"gguf","context_length":8192,'
-    b'"kv_dtype":"f16","patch_level":"llama.cpp@0c1e570+0/0","recipe_version":1,'
+    b'"kv_dtype":"f16","matmul_activations":"quantized","patch_level":"llama.cpp@0c1e570+0/0","recipe_version":2,'
     b'"rope_freq_base":100000.0,"rope_freq_scale":1.0,"weight_quantization":"Q4_1"}'
 )
 # Another value for every field, each valid on its own.
@@ -34,6 +35,7 @@ CHANGES = dict(
     weight_quantization="Q8_0",
     activation_dtype="bf16",
     kv_dtype="q8_0",
+    matmul_activations="f32",
     context_length=8191,
     rope_freq_base=100000.5,
     rope_freq_scale=0.25,
@@ -76,6 +78,7 @@ def test_recipe_for_tiny_fixture(tmp_path):
         weight_quantization="F32",
         activation_dtype="bf16",
         kv_dtype="f16",
+        matmul_activations="quantized",
         context_length=4096,  # the fixture's metadata: cpp/engine/tiny_llama.cc
         rope_freq_base=10000.0,
         rope_freq_scale=1.0,
@@ -92,6 +95,8 @@ def test_recipe_for_tiny_fixture(tmp_path):
         dict(activation_dtype="q8_0"),
         dict(activation_dtype="float32"),
         dict(kv_dtype="f64"),
+        dict(matmul_activations="f16"),
+        dict(matmul_activations="F32"),
     ],
 )
 def test_recipe_for_rejects_bad_backend_or_dtype(tmp_path, kwargs):

@@ -259,7 +259,8 @@ class LocalSwarm:
                  max_kv_tokens: Optional[int] = None, insecure: bool = False, ban_seconds: float = 30.0,
                  max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False,
                  node_advertise: Sequence[str] = (), node_ggufs: Sequence[Path] = (), node_args: Sequence[str] = (),
-                 audit_rate: Optional[float] = None, control_plane=None) -> None:
+                 audit_rate: Optional[float] = None, control_plane=None,
+                 matmul_activations: Optional[str] = None) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
         namespaces; by default every process is on loopback. `node_ggufs` (one per cut) are
         byte-identical copies of `gguf` each node reads instead, so nodes share no page cache, as
@@ -270,16 +271,19 @@ class LocalSwarm:
         `http`: the tracker serves /metrics and /status; `node_metrics`: every node serves /metrics.
         `node_args`: more flags for every node; `audit_rate`: the tracker's (ADR 0008).
         `control_plane`: the trackers to use instead of one TrackerProcess (e.g. a
-        swarm.replicated.ReplicatedTrackers: nodes then get every tracker's address)."""
+        swarm.replicated.ReplicatedTrackers: nodes then get every tracker's address).
+        `matmul_activations`: the model's recipe's ("f32": quantized weights dequantized, ADR 0012;
+        None: the backend's default), in the tracker's entry and on every node."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
         self.tracker = control_plane or TrackerProcess(
-            workdir, [certify(gguf, model, backend)], lease_seconds=lease_seconds, host=host, insecure=insecure,
+            workdir, [certify(gguf, model, backend, matmul_activations)], lease_seconds=lease_seconds, host=host, insecure=insecure,
             ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate)
-        self.insecure, self.node_metrics, self.node_args = insecure, node_metrics, list(node_args)
+        self.insecure, self.node_metrics = insecure, node_metrics
+        self.node_args = [*(["--matmul-activations", matmul_activations] if matmul_activations else []), *node_args]
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
         self.node_advertise, self.node_ggufs = list(node_advertise), list(node_ggufs)

@@ -1,7 +1,8 @@
 """A whole local Meshnet for a newcomer: tracker + N nodes on loopback + one generation.
 
   bazel run //python:swarm -- [--nodes 3] [--max-tokens 48] [PROMPT]
-  bazel run //python:swarm -- --model gemma3 [PROMPT]      (Gemma 3 270M Q4_K_M, @gemma3)
+  bazel run //python:swarm -- --model gemma3 [PROMPT]      (Gemma 3 270M Q4_K_M, @gemma3, with
+                                                            F32 matmul activations: its certified recipe)
   bazel run //python:swarm -- --gguf /abs/MODEL.gguf [PROMPT]
   bazel run //python:swarm -- --serve [--listen 127.0.0.1:8000]
 
@@ -27,7 +28,12 @@ from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.process import stop_on_signals
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.recipe.fingerprint import gguf_summary
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
 from meshnet.swarm.local import LocalSwarm, even_cuts
+
+# The matmul activations each pinned model is certified with (docs/evidence/architectures/):
+# Gemma 3 270M Q4_K_M meets the top-1 bar only with F32 ones (ADR 0012).
+CERTIFIED_MATMUL_ACTIVATIONS = {"smollm2": "quantized", "gemma3": "f32"}
 
 
 def serve(swarm: LocalSwarm, listen: str) -> int:
@@ -52,6 +58,9 @@ def main() -> int:
                         help="a pinned model instead of --gguf: smollm2 (the bundled default) or gemma3 (Gemma 3 "
                              "270M Q4_K_M); also the name the swarm serves it under")
     parser.add_argument("--gemma3-gguf", type=Path, help=argparse.SUPPRESS)  # set by bazel run
+    parser.add_argument("--matmul-activations", choices=MATMUL_ACTIVATIONS,
+                        help="gguf backend: what matmuls with quantized weights do with their activations (ADR 0012); "
+                             "default: the recipe the model is certified with (f32 for gemma3, else quantized)")
     parser.add_argument("--tokenize-binary", type=Path,
                         help="llama.cpp's tokenizer (//cpp/engine:tokenize; set by bazel run), for vocabularies "
                              "the built-in one does not read (SentencePiece, e.g. Gemma)")
@@ -72,6 +81,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.model == "gemma3":
         args.gguf = args.gemma3_gguf
+    if args.matmul_activations is None and args.backend == "gguf":
+        args.matmul_activations = CERTIFIED_MATMUL_ACTIVATIONS.get(args.model or "smollm2")
+    elif args.matmul_activations is not None and args.backend != "gguf":
+        parser.error("--matmul-activations is a choice of the gguf backend (the reference computes in F32)")
     if args.gguf is None or not Path(args.gguf).is_file():
         parser.error("--gguf PATH is required (bazel run sets the bundled model)")
     try:
@@ -100,7 +113,8 @@ def main() -> int:
         if args.backend == "gguf" and (worker is None or not worker.is_file()):
             parser.error("--backend gguf needs --worker-binary (bazel run sets it)")
         with LocalSwarm(Path(tmp), Path(args.gguf).resolve(), cuts, model=args.model or "smollm2", backend=args.backend,
-                        worker_binary=worker, insecure=args.insecure) as swarm:
+                        worker_binary=worker, insecure=args.insecure,
+                        matmul_activations=args.matmul_activations) as swarm:
             links = "plaintext (--insecure)" if args.insecure else "TLS"
             print(f"swarm ready in {time.perf_counter() - started:.1f}s; tracker at {swarm.tracker.address}; "
                   f"{links} on every link, route tickets on every hop",

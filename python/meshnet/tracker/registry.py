@@ -72,6 +72,9 @@ class CertifiedModel:
     # what //python:certify measured when it wrote the entry ({"suite", "passed", "checks", ...});
     # empty for an entry made without the suite (the local test harness: --allow-uncertified)
     certification: dict = dataclasses.field(default_factory=dict)
+    # the certified recipe's matmul activations, in clear ("" in an entry from before recipe 2):
+    # only to tell a refused node what to run; admission compares the fingerprint
+    matmul_activations: str = ""
 
 
 def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
@@ -152,7 +155,10 @@ class Registry:
             got = fp.model_artifact if fp else "none"
             return tt.Admission.REFUSED, f"artifact fingerprint {got} != certified {model.artifact_fingerprint}"
         if fp.runtime_recipe != model.recipe_fingerprint:
-            return tt.Admission.REFUSED, f"recipe fingerprint {fp.runtime_recipe} != certified {model.recipe_fingerprint}"
+            hint = (f" (certified with {model.matmul_activations} matmul activations: the node's --matmul-activations "
+                    f"{model.matmul_activations})" if model.matmul_activations else "")
+            return tt.Admission.REFUSED, (f"recipe fingerprint {fp.runtime_recipe} != certified "
+                                          f"{model.recipe_fingerprint}{hint}")
         if model.tensor_digests:
             start, end = info.layers.start, info.layers.end
             try:

@@ -83,6 +83,7 @@ def test_admission(registry):
     bad_recipe = register(registry, "r", 0, 30, fingerprints=Fingerprints("sha256:art", "sha256:other"))
     assert bad_recipe.admission == tt.Admission.REFUSED
     assert bad_recipe.status.code == StatusCode.FINGERPRINT_MISMATCH and "recipe fingerprint" in bad_recipe.reason
+    assert "matmul activations" not in bad_recipe.reason  # the entry names none
     bad_artifact = register(registry, "s", 0, 30, fingerprints=Fingerprints("sha256:x", "sha256:rec"))
     assert "artifact fingerprint" in bad_artifact.reason
     unknown = register(registry, "u", 0, 30, model="mystery")
@@ -91,6 +92,16 @@ def test_admission(registry):
     assert cover.dark_node_ids == (nid("q"),)
     assert sorted(name_of(n.node_id) for n in cover.nodes) == ["a", "q"]
     assert all(layer.node_ids == (nid("a"),) for layer in cover.layers)
+
+
+def test_a_refused_recipe_is_told_the_certified_matmul_activations(clock):
+    """An entry that records its recipe's matmul activations (ADR 0012) tells a node with another
+    recipe which flag to run; the honest node beside it is admitted."""
+    registry = Registry([dataclasses.replace(MODEL, matmul_activations="f32")], clock=clock)
+    refused = register(registry, "r", 0, 30, fingerprints=Fingerprints("sha256:art", "sha256:other"))
+    assert refused.admission == tt.Admission.REFUSED and refused.status.code == StatusCode.FINGERPRINT_MISMATCH
+    assert refused.reason.endswith("(certified with f32 matmul activations: the node's --matmul-activations f32)")
+    assert register(registry, "a", 0, 30).admission == tt.Admission.ROUTABLE
 
 
 def test_a_node_registers_renews_drains_and_leaves_only_as_itself(registry):

@@ -86,14 +86,17 @@ def fetch(channel, ticket: shard_pb2.AuditTicket, node_public_key: bytes, start:
 class Replayer:
     """Replays sessions on the whole certified model, as a trusted verifier node."""
 
-    def __init__(self, dump_boundaries: Path, gguf: Path, threads: int = 2) -> None:
+    def __init__(self, dump_boundaries: Path, gguf: Path, threads: int = 2, matmul_activations: str = "quantized") -> None:
+        """`matmul_activations`: the model's certified recipe's (ADR 0012)."""
         self._binary, self._gguf, self._threads = dump_boundaries, gguf, threads
+        self._matmul_activations = matmul_activations
 
     def replay(self, tokens: Sequence[int], layers: Sequence[tuple[int, int]]) -> dict:
         """{"rows": [boundary rows after each non-last range], "logits": [positions, n_vocab]}."""
         chain = ",".join(f"{a}:{b}" for a, b in layers)
         try:
-            return boundaries.run_chain(self._binary, self._gguf, tokens, chain, str(len(tokens)), self._threads)
+            return boundaries.run_chain(self._binary, self._gguf, tokens, chain, str(len(tokens)), self._threads,
+                                        self._matmul_activations)
         except boundaries.BoundariesError as err:
             raise AuditError(f"replay failed: {err}") from None
 

@@ -16,13 +16,17 @@ class BoundariesError(RuntimeError):
     """The tool failed; the message ends with its stderr."""
 
 
-def run_chain(binary: Path, gguf: Path, tokens: Sequence[int], chain: str, batch: str, threads: int) -> dict:
+def run_chain(binary: Path, gguf: Path, tokens: Sequence[int], chain: str, batch: str, threads: int,
+              matmul_activations: str = "quantized") -> dict:
     """{"rows": [float32 [n, n_embd] after each range but the last], "logits": float32 [n, n_vocab]}.
-    `chain`: RANGES as the tool takes them (0:10,10:20@OTHER.gguf,...); `batch`: its BATCH."""
+    `chain`: RANGES as the tool takes them (0:10,10:20@OTHER.gguf,...); `batch`: its BATCH;
+    `matmul_activations`: the certified recipe's ("f32": the tool's --f32-matmul-activations)."""
     n = len(tokens)
     with tempfile.TemporaryDirectory(prefix="meshnet-boundaries-") as tmp:
         prefix = Path(tmp) / "run"
-        proc = subprocess.run([str(binary), str(gguf), str(prefix), chain, batch, str(threads), *map(str, tokens)],
+        flags = ["--f32-matmul-activations"] if matmul_activations == "f32" else []
+        proc = subprocess.run([str(binary), *flags, str(gguf), str(prefix), chain, batch, str(threads),
+                               *map(str, tokens)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise BoundariesError(f"dump_boundaries exited {proc.returncode}: {proc.stderr.strip()[-300:]}")

@@ -30,6 +30,7 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.tls import pinned_channel
 from meshnet.process import log, stop_on_signals, tracker_token
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
 from meshnet.shard.v1 import shard_pb2
 from meshnet.verify import audit, commitment
 from meshnet.wire import tracker as tt
@@ -143,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump-boundaries", required=True, type=Path, help="//cpp/engine:dump_boundaries")
     parser.add_argument("--calibration", required=True, type=Path, help="calibration.json of this model's recipe")
     parser.add_argument("--positions", type=int, default=16, help="positions checked per hop per audit")
+    parser.add_argument("--matmul-activations", choices=MATMUL_ACTIVATIONS, default="quantized",
+                        help="as the model's certified recipe says (its models.json entry; ADR 0012)")
     args = parser.parse_args(argv)
     token = tracker_token(parser, args.token_file, "MESHNET_VERIFIER_TOKEN", "verifier", args.tracker_ca,
                           args.insecure)
     tracker = TrackerClient(args.tracker, token, Identity.generate(),
                             tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
-    replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2),
-                 audit.Replayer(args.dump_boundaries, args.gguf, threads=1))
+    replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2, matmul_activations=args.matmul_activations),
+                 audit.Replayer(args.dump_boundaries, args.gguf, threads=1, matmul_activations=args.matmul_activations))
     stop = stop_on_signals()
     log("verifying", tracker=args.tracker, model=str(args.gguf), positions=args.positions)
     serve_audits(tracker, replayers, commitment.tolerance_from_calibration(args.calibration), args.positions, stop)
