@@ -49,7 +49,7 @@ LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_r
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
          "gguf_ring_3_nodes_spec", "gateway_3_nodes", *AUDIT_LANES, "gguf_ring_3_nodes_optimized_kernels",
-         *SYNTHETIC_LANES)
+         "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES)
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
@@ -62,6 +62,8 @@ LABELS = {
     "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
     "gguf_ring_3_nodes_optimized_kernels": "GGUF route, {k} nodes, ring decode, upstream's CPU kernels and F16 flash "
                                            "attention (batched sessions may differ from solo; ADR 0009, 0010)",
+    "gguf_ring_3_nodes_f32_matmul": "GGUF route, {k} nodes, ring decode, F32 matmul activations (quantized weights "
+                                    "dequantized; the recipe of ADR 0012)",
     "gguf_ring_3_nodes_unaudited": "GGUF route, {k} nodes, ring decode, no commitments, no audits",
     "gguf_ring_3_nodes_audited": "GGUF route, {k} nodes, ring decode, audits at 5% (verifier on this machine)",
     "gguf_ring_3_nodes_audited_all": "GGUF route, {k} nodes, ring decode, every session audited (verifier on this "
@@ -248,6 +250,7 @@ class Bench:
                                f"{f'-spec{options.speculate}' if options.speculate else ''}"
                                f"{'' if options.commitments else '-nocommit'}"
                                f"{'' if options.reference_kernels else '-optimized'}"
+                               f"{'-f32matmul' if options.matmul_activations == 'f32' else ''}"
                                f"{f'-audit{options.audit_rate:g}' if options.verifier else ''}"
                                f"-p{min(prompts)}")
         result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts,
@@ -349,6 +352,8 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "gguf_ring_3_nodes_optimized_kernels": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                                    options=RouteOptions(ring=True,
                                                                                         reference_kernels=False)),
+        "gguf_ring_3_nodes_f32_matmul": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                            options=RouteOptions(ring=True, matmul_activations="f32")),
         "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                       options=RouteOptions(ring=True, speculate=SPECULATE)),
         "gguf_ring_3_nodes_unaudited": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,

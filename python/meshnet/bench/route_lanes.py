@@ -48,6 +48,7 @@ class RouteOptions:
     commitments: bool = True  # workers keep commitments for audits (ADR 0008); False: none (no audits possible)
     audit_rate: Optional[float] = None  # the tracker's audit draw (None: its default)
     reference_kernels: bool = True  # False: upstream's CPU kernels, F16 flash attention (ADR 0009, 0010)
+    matmul_activations: Optional[str] = None  # the recipe's (ADR 0012); None: the backend's default
     # The verifier role running during the lane on this machine: (dump_boundaries binary, calibration.json).
     verifier: Optional[tuple[Path, Path]] = None
 
@@ -183,7 +184,7 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend
                         node_advertise=[p.address for p in proxies],
                         node_args=([] if options.commitments else ["--no-commitments"]) +
                                   ([] if options.reference_kernels else ["--optimized-kernels"]),
-                        audit_rate=options.audit_rate) as swarm:
+                        audit_rate=options.audit_rate, matmul_activations=options.matmul_activations) as swarm:
             for proxy, node in zip(proxies, swarm.nodes.values()):  # nodes in cut order
                 proxy.target = (node.host, node.port)
             startup_s = time.perf_counter() - started
