@@ -38,19 +38,14 @@ from meshnet.recipe import certify as entries
 from meshnet.recipe.adapters import has_adapter, layer_range_adapters
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.gguf_header import read_header
-from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, engine_tool_flags
 from meshnet.swarm.local import even_cuts
 
 SUITE = "meshnet-certify-v1"
 TOKENS = 64
 NODES = 3
 TOP1_MIN = 0.98  # issue 18's bar, fixed before any model was measured
-F32_MATMUL = ["--f32-matmul-activations"]  # dump_logits' flag for the f32 recipe
-
-
-def recipe_flags(matmul_activations: str) -> list[str]:
-    """dump_logits' flags for the shards' runtime under the recipe's matmul activations."""
-    return F32_MATMUL if matmul_activations == "f32" else []
+UNQUANTIZED = ("F32", "F16", "BF16")  # weight types no matmul quantizes activations for
 
 
 def kernel_diagnostics(matmul_activations: str) -> dict[str, list[str]]:
@@ -58,18 +53,14 @@ def kernel_diagnostics(matmul_activations: str) -> dict[str, list[str]]:
     runtime's (not checks), as dump_logits flags: the other matmul activations (ADR 0012), F16
     flash attention (ADR 0010), and upstream's CPU kernels in full (ADR 0009)."""
     other = "quantized" if matmul_activations == "f32" else "f32"
-    return {f"{other}_matmul_activations": recipe_flags(other),
-            "f16_flash_attention": [*recipe_flags(matmul_activations), "--f16-flash-attention"],
+    return {f"{other}_matmul_activations": engine_tool_flags(other),
+            "f16_flash_attention": [*engine_tool_flags(matmul_activations), "--f16-flash-attention"],
             "upstream_cpu_kernels": ["--optimized-kernels", "--f16-flash-attention"]}
 
 
 def expert_count(gguf: Path, architecture: str) -> int:
     value = read_header(gguf).metadata.get(f"{architecture}.expert_count")
     return int(value) if isinstance(value, int) else 0
-
-
-def summary_is_quantized(gguf: Path) -> bool:
-    return gguf_summary(gguf).file_type not in ("F32", "F16", "BF16")
 
 
 def run_suite(args: argparse.Namespace, log) -> dict:
@@ -86,7 +77,8 @@ def run_suite(args: argparse.Namespace, log) -> dict:
     ids = sequence(tokenizer, args.positions)
     log(f"teacher-forced: Transformers fp32 against llama.cpp over {len(ids)} positions")
     diagnostics = kernel_diagnostics(args.matmul_activations) if args.diagnose_kernels else {}
-    measured = agreements(gguf, args.dump_logits, ids, [recipe_flags(args.matmul_activations), *diagnostics.values()])
+    measured = agreements(gguf, args.dump_logits, ids,
+                          [engine_tool_flags(args.matmul_activations), *diagnostics.values()])
     report["teacher_forced"] = measured[0]
     log(f"  top-1 {report['teacher_forced']['top1_agreement']}, mean KL "
         f"{report['teacher_forced']['mean_kl_transformers_to_gguf']}")
@@ -167,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         failed = [name for name, ok in report["checks"].items() if not ok]
         log(f"FAILED: {', '.join(failed)}; nothing written")
-        if failed == ["teacher_forced_top1"] and args.matmul_activations == "quantized" and summary_is_quantized(args.gguf):
+        if failed == ["teacher_forced_top1"] and args.matmul_activations == "quantized" and \
+                summary.file_type not in UNQUANTIZED:
             log("  quantized activations may be what costs the agreement: --matmul-activations f32 certifies the "
                 "recipe that dequantizes the weights instead (slower decode; ADR 0012)")
     print(json.dumps(report))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.recipe.recipe import engine_tool_flags
 from meshnet.swarm.local import LocalSwarm, even_cuts
 
 CONCURRENT_SESSIONS = 8
@@ -32,9 +33,8 @@ def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int,
     """The whole model's greedy tokens in one llama.cpp process (//cpp/engine:greedy: no layer
     range, upstream behaviour; with the recipe's matmul activations), the baseline a route must
     match token for token."""
-    flags = ["--f32-matmul-activations"] if matmul_activations == "f32" else []
-    proc = subprocess.run([str(greedy), *flags, str(gguf), str(tokens), *map(str, ids)], capture_output=True,
-                          text=True, check=True)
+    proc = subprocess.run([str(greedy), *engine_tool_flags(matmul_activations), str(gguf), str(tokens),
+                           *map(str, ids)], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
 
 
@@ -52,7 +52,8 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
         try:
             with LocalSwarm(Path(tmp), gguf, cuts, model=model, backend="gguf", worker_binary=worker,
                             max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
-                            max_ban_seconds=MAX_BAN_SECONDS, matmul_activations=matmul_activations) as swarm, swarm.client() as tracker:
+                            max_ban_seconds=MAX_BAN_SECONDS, matmul_activations=matmul_activations) as swarm, \
+                    swarm.client() as tracker:
                 log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
 
                 def run(ids: Sequence[int]) -> list[int]:

@@ -100,7 +100,8 @@ class GgufBackend:
     def __init__(self, worker_binary: Path, gguf: Path, layers: tuple[int, int], listen: str, node_id: str, *,
                  threads: int, max_sessions: int, max_kv_tokens: int, log: Optional[Path], tracker_key: bytes,
                  tls: Optional[tuple[Path, Path]], node_key: bytes = b"", cheat: str = "",
-                 commitments: bool = True, reference_kernels: bool = True, f32_matmul_activations: bool = False) -> None:
+                 commitments: bool = True, reference_kernels: bool = True,
+                 f32_matmul_activations: bool = False) -> None:
         """`tls`: paths of the shard service's certificate and key PEM, or None (--insecure).
         `node_key`: the identity seed the worker signs commitments with; `cheat`: tests only."""
         self.node_id = node_id

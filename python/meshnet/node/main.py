@@ -109,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-commitments", action="store_true", help="BENCHMARKS ONLY: keep no commitments (such a "
                         "node cannot be audited; ADR 0008)")
     parser.add_argument("--matmul-activations", choices=MATMUL_ACTIVATIONS,
-                        help="what matmuls with quantized weights do with their activations, as the model's certified "
-                             "recipe says (its models.json entry): quantized (llama.cpp's arithmetic, the gguf default) or "
-                             "f32 (weights dequantized, F32 dot products; ADR 0012). The tracker refuses another recipe")
+                        help="what matmuls with quantized weights do with their activations, as the model's "
+                             "certified recipe says (its models.json entry): quantized (llama.cpp's arithmetic, the "
+                             "gguf default) or f32 (weights dequantized, F32 dot products; ADR 0012). The tracker "
+                             "refuses another recipe")
     parser.add_argument("--optimized-kernels", action="store_true", help="BENCHMARKS ONLY: upstream's CPU "
                         "defaults (ggml's optimized kernels, flash attention over an F16 KV cache); sessions batched "
                         "together may then differ from solo (ADR 0009, 0010)")
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             import torch  # only the reference backend computes in this process
 
             torch.set_num_threads(args.threads)
-            backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id, Fingerprints(artifact, recipe.fingerprint()),
+            backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id,
+                                       Fingerprints(artifact, recipe.fingerprint()),
                                        max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
                                        idle_seconds=args.session_idle_seconds, tracker_key=tracker_key,
                                        tls=(cert_pem, key_pem) if cert_pem else None)

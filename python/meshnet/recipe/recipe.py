@@ -26,6 +26,14 @@ MATMUL_ACTIVATIONS = ("quantized", "f32")
 KV_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
+def engine_tool_flags(matmul_activations: str) -> list[str]:
+    """The flags that make the engine's tools (//cpp/engine:greedy, dump_logits, dump_boundaries)
+    compute with `matmul_activations`, one of MATMUL_ACTIVATIONS."""
+    if matmul_activations not in MATMUL_ACTIVATIONS:
+        raise ValueError(f"matmul_activations {matmul_activations!r} not in {MATMUL_ACTIVATIONS}")
+    return ["--f32-matmul-activations"] if matmul_activations == "f32" else []
+
+
 @dataclasses.dataclass(frozen=True)
 class RuntimeRecipe:
     backend: str  # "gguf" (native llama.cpp worker) or "reference" (PyTorch reference)

@@ -9,7 +9,7 @@ import pytest
 
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.fixtures import write_tiny_llama
-from meshnet.recipe.recipe import RuntimeRecipe, recipe_for
+from meshnet.recipe.recipe import RuntimeRecipe, engine_tool_flags, recipe_for
 
 FIELDS = dict(
     backend="gguf",
@@ -124,3 +124,10 @@ def test_recipe_for_rejects_bad_backend_or_dtype(tmp_path, kwargs):
 def test_constructor_rejects_bad_fields(field, value):
     with pytest.raises(ValueError, match=field):
         RuntimeRecipe(**{**FIELDS, field: value})
+
+
+def test_engine_tool_flags():
+    assert engine_tool_flags("quantized") == []
+    assert engine_tool_flags("f32") == ["--f32-matmul-activations"]
+    with pytest.raises(ValueError, match="matmul_activations 'F32'"):
+        engine_tool_flags("F32")

@@ -280,7 +280,8 @@ class LocalSwarm:
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
         self.tracker = control_plane or TrackerProcess(
-            workdir, [certify(gguf, model, backend, matmul_activations)], lease_seconds=lease_seconds, host=host, insecure=insecure,
+            workdir, [certify(gguf, model, backend, matmul_activations)], lease_seconds=lease_seconds, host=host,
+            insecure=insecure,
             ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate)
         self.insecure, self.node_metrics = insecure, node_metrics
         self.node_args = [*(["--matmul-activations", matmul_activations] if matmul_activations else []), *node_args]

@@ -86,7 +86,8 @@ def fetch(channel, ticket: shard_pb2.AuditTicket, node_public_key: bytes, start:
 class Replayer:
     """Replays sessions on the whole certified model, as a trusted verifier node."""
 
-    def __init__(self, dump_boundaries: Path, gguf: Path, threads: int = 2, matmul_activations: str = "quantized") -> None:
+    def __init__(self, dump_boundaries: Path, gguf: Path, threads: int = 2,
+                 matmul_activations: str = "quantized") -> None:
         """`matmul_activations`: the model's certified recipe's (ADR 0012)."""
         self._binary, self._gguf, self._threads = dump_boundaries, gguf, threads
         self._matmul_activations = matmul_activations

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from meshnet.recipe.recipe import engine_tool_flags
+
 
 class BoundariesError(RuntimeError):
     """The tool failed; the message ends with its stderr."""
@@ -24,9 +26,8 @@ def run_chain(binary: Path, gguf: Path, tokens: Sequence[int], chain: str, batch
     n = len(tokens)
     with tempfile.TemporaryDirectory(prefix="meshnet-boundaries-") as tmp:
         prefix = Path(tmp) / "run"
-        flags = ["--f32-matmul-activations"] if matmul_activations == "f32" else []
-        proc = subprocess.run([str(binary), *flags, str(gguf), str(prefix), chain, batch, str(threads),
-                               *map(str, tokens)],
+        proc = subprocess.run([str(binary), *engine_tool_flags(matmul_activations), str(gguf), str(prefix), chain,
+                               batch, str(threads), *map(str, tokens)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise BoundariesError(f"dump_boundaries exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
