@@ -28,16 +28,17 @@ from meshnet.bench.prompts import PARITY_PROMPTS
 from meshnet.certify import main as certify_main
 from meshnet.certify.route_parity import route_parity
 from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
+from meshnet.recipe.certify import PINNED_MATMUL_ACTIVATIONS
 from meshnet.recipe.fingerprint import GgufSummary, gguf_summary
 
 CASE = os.environ["MESHNET_CERTIFY_CASE"]
 ARCHITECTURE = CASE.removesuffix("_f32")
 TOOLS = os.environ["MESHNET_CERTIFY_TOOLS"].split()
-# The recipe each case is certified under: Gemma 3 270M Q4_K_M measures under the bar with
-# llama.cpp's quantized activations (Q8_K rows against its Q4_K weights), and is certified with F32
-# ones (ADR 0012); the other cases with the default. A change that lifts the quantized recipe over
-# the bar fails here, to say the cheaper recipe would do.
-MATMUL_ACTIVATIONS = {"gemma3": "f32"}
+# The recipe each case is certified under (PINNED_MATMUL_ACTIVATIONS): Gemma 3 270M Q4_K_M measures
+# under the bar with llama.cpp's quantized activations (Q8_K rows against its Q4_K weights), and is
+# certified with F32 ones (ADR 0012); the other cases with the default. A change that lifts the
+# quantized recipe over the bar fails here, to say the cheaper recipe would do.
+MATMUL_ACTIVATIONS = PINNED_MATMUL_ACTIVATIONS.get(CASE, "quantized")
 
 
 def model_file(tmp_dir: Path) -> Path:
@@ -62,7 +63,7 @@ def test_the_suite_and_the_entry(tmp_path):
     gguf = model_file(tmp_path)
     models, report_file = tmp_path / "models.json", tmp_path / "report.json"
     models.write_text(json.dumps([{"model": "other"}]))
-    matmul = MATMUL_ACTIVATIONS.get(CASE, "quantized")
+    matmul = MATMUL_ACTIVATIONS
     proc = subprocess.run([sys.executable, "-m", "meshnet.certify.main", "--gguf", str(gguf), "--model", CASE,
                            "--append", str(models), "--report", str(report_file), "--matmul-activations", matmul,
                            *(["--diagnose-kernels"] if matmul == "f32" else []), *TOOLS],
@@ -98,7 +99,7 @@ def test_ranges_of_one_attention_kind(tmp_path):
     prompts = LlamaCppTokenizer(gguf, tools["--tokenize-binary"]).encode_many(PARITY_PROMPTS[:2])
     result = route_parity(gguf, CASE, prompts, worker=Path(tools["--worker-binary"]),
                           greedy=Path(tools["--greedy-binary"]), tokens=32, n_layer=gguf_summary(gguf).n_layer,
-                          cuts=[(0, 5), (5, 6), (6, 11), (11, 18)], matmul_activations=MATMUL_ACTIVATIONS[CASE])
+                          cuts=[(0, 5), (5, 6), (6, 11), (11, 18)], matmul_activations=MATMUL_ACTIVATIONS)
     assert result["route_equal"] and result["concurrent_equal"], result
 
 

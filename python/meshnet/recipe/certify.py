@@ -47,6 +47,12 @@ BACKEND_DEFAULTS = {
 }
 
 
+# The matmul activations each pinned model is certified with (docs/evidence/architectures/): Gemma 3
+# 270M Q4_K_M meets the top-1 bar only with F32 ones (ADR 0012). The local swarm's presets serve them
+# so, and the certification tests certify them so.
+PINNED_MATMUL_ACTIVATIONS = {"smollm2": "quantized", "gemma3": "f32"}
+
+
 def recipe_of(summary: GgufSummary, backend: str, matmul_activations: str | None = None) -> RuntimeRecipe:
     """The recipe of serving `summary`'s artifact with `backend`; `matmul_activations` (None: the
     backend's default) may only be chosen for the gguf backend."""

@@ -28,12 +28,9 @@ from meshnet.gateway.tokenizer import GgufTokenizer
 from meshnet.process import stop_on_signals
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.recipe.fingerprint import gguf_summary
+from meshnet.recipe.certify import PINNED_MATMUL_ACTIVATIONS
 from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
 from meshnet.swarm.local import LocalSwarm, even_cuts
-
-# The matmul activations each pinned model is certified with (docs/evidence/architectures/):
-# Gemma 3 270M Q4_K_M meets the top-1 bar only with F32 ones (ADR 0012).
-CERTIFIED_MATMUL_ACTIVATIONS = {"smollm2": "quantized", "gemma3": "f32"}
 
 
 def serve(swarm: LocalSwarm, listen: str) -> int:
@@ -82,7 +79,7 @@ def main() -> int:
     if args.model == "gemma3":
         args.gguf = args.gemma3_gguf
     if args.matmul_activations is None and args.backend == "gguf":
-        args.matmul_activations = CERTIFIED_MATMUL_ACTIVATIONS.get(args.model or "smollm2")
+        args.matmul_activations = PINNED_MATMUL_ACTIVATIONS[args.model or "smollm2"]
     elif args.matmul_activations is not None and args.backend != "gguf":
         parser.error("--matmul-activations is a choice of the gguf backend (the reference computes in F32)")
     if args.gguf is None or not Path(args.gguf).is_file():
