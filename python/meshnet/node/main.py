@@ -43,7 +43,8 @@ from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
-from meshnet.recipe.fingerprint import artifact_fingerprint, summarize_range
+from meshnet.recipe.fingerprint import declared_artifact_fingerprint, summarize_range
+from meshnet.recipe.range_part import part_of
 from meshnet.relay.agent import RelayAgent
 from meshnet.relay.errors import RelayUnavailable
 from meshnet.relay.server import RelayServer
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracker-ca", type=Path, help="PEM that verifies the tracker's TLS certificate")
     parser.add_argument("--insecure", action="store_true",
                         help="plaintext to the tracker and on the shard service (loopback development only)")
-    parser.add_argument("--gguf", required=True, type=Path)
+    parser.add_argument("--gguf", required=True, type=Path, help="the model file: the whole GGUF, or a per-range "
+                        "part cut from it (//python:cut_model) that holds --layers")
     parser.add_argument("--model", required=True, help="the certified model name")
     parser.add_argument("--layers", required=True, type=parse_layers, help="START:END, end exclusive")
     parser.add_argument("--backend", choices=["reference", "gguf"], default="reference")
@@ -140,10 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     start, end = args.layers
 
     try:
+        # a per-range part (cut_model) declares the whole file it was cut from, if it holds the range
+        artifact = declared_artifact_fingerprint(args.gguf, start, end)
         summary, range_fp = summarize_range(args.gguf, start, end)  # one parse of the GGUF
     except ValueError as err:
         parser.error(f"--layers {start}:{end}: {err}")
-    artifact = artifact_fingerprint(args.gguf)
+    if args.backend == "reference" and part_of(args.gguf) is not None:
+        parser.error(f"{args.gguf} is a per-range part: the reference backend (Transformers) loads only whole GGUF "
+                     "files; serve parts with --backend gguf")
     try:
         recipe = recipe_of(summary, args.backend, args.matmul_activations)
     except ValueError as err:

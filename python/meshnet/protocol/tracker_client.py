@@ -130,8 +130,9 @@ class TrackerClient:
     def renew_route(self, session: RouteSession) -> tt.RenewRouteReply:
         return self._call("RenewRoute", tt.RenewRouteRequest(session))
 
-    def take_audit(self) -> tt.TakeAuditReply:
-        return self._call("TakeAudit", tt.TakeAuditRequest())
+    def take_audit(self, model_artifact: str = "") -> tt.TakeAuditReply:
+        """The oldest pending audit of a model certified from `model_artifact` ("" any)."""
+        return self._call("TakeAudit", tt.TakeAuditRequest(model_artifact))
 
     def report_audit(self, report: tt.ReportAuditRequest) -> tt.ReportAuditReply:
         return self._call("ReportAudit", report)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
 from meshnet.recipe.gguf_header import GgufArray, GgufHeader, LlamaFileType, read_header
+from meshnet.recipe.range_part import part_info
 
 PathLike = Union[str, os.PathLike]
 
@@ -68,6 +69,24 @@ def artifact_fingerprint(path: PathLike, cache_path: Optional[PathLike] = None) 
         entries[real] = {**stamp, "fingerprint": fingerprint}
         _store_cache(cache_file, entries)
     return fingerprint
+
+
+def declared_artifact_fingerprint(path: PathLike, layer_start: int, layer_end: int) -> str:
+    """The artifact fingerprint a node serving [layer_start, layer_end) from `path` declares.
+
+    For a whole file, its own sha256 (`artifact_fingerprint`). For a per-range part
+    (`range_part`), the sha256 of the file it was cut from, which the tracker's certified entry
+    names; ValueError when the part does not hold the range. The tracker still checks the range
+    fingerprint, computed from the part's own tensor bytes, so a part that lies about its source
+    is refused there.
+    """
+    part = part_info(_open_reader(path))
+    if part is None:
+        return artifact_fingerprint(path)
+    if not part.holds(layer_start, layer_end):
+        raise ValueError(f"{path} is a part holding layers [{part.layer_start}, {part.layer_end}) only; "
+                         f"layers [{layer_start}, {layer_end}) need another part or the whole file")
+    return part.source_artifact
 
 
 def _default_cache_path() -> Path:
@@ -174,6 +193,9 @@ def _summarize(reader: GgufHeader, path: PathLike) -> GgufSummary:
         raise ValueError(f"{path}: block_count, embedding_length and context_length must be positive")
     freq_base = _field(reader, f"{arch}.rope.freq_base", float, path, required=False)
     scaling = _field(reader, f"{arch}.rope.scaling.factor", float, path, required=False)
+    part = part_info(reader)  # a part's summary is its source's: what its tensors alone cannot say, it records
+    if part is not None and part.layer_end > n_layer:
+        raise ValueError(f"{path}: part layers [{part.layer_start}, {part.layer_end}) exceed {n_layer} layers")
     return GgufSummary(
         architecture=arch,
         name=_field(reader, "general.name", str, path, required=False) or "",
@@ -181,10 +203,10 @@ def _summarize(reader: GgufHeader, path: PathLike) -> GgufSummary:
         n_embd=n_embd,
         n_vocab=_vocab_size(reader, arch, tensors, path),
         context_length=context_length,
-        file_type=_file_type(reader, tensors, path),
+        file_type=part.file_type if part else _file_type(reader, tensors, path),
         rope_freq_base=DEFAULT_ROPE_FREQ_BASE if freq_base is None else freq_base,
         rope_freq_scale=1.0 if not scaling else 1.0 / scaling,
-        tied_embeddings=OUTPUT not in tensors,
+        tied_embeddings=part.tied_embeddings if part else OUTPUT not in tensors,
     )
 
 
@@ -256,6 +278,13 @@ def tensor_digests(path: PathLike) -> tuple[GgufSummary, dict[str, str]]:
     summary = _summarize(reader, path)
     owned_tensor_names(summary, (t.name for t in reader.tensors), 0, summary.n_layer, path)  # all assignable
     return summary, _tensor_digests(reader, path, sorted(t.name for t in reader.tensors))
+
+
+def file_tensor_digests(path: PathLike) -> dict[str, str]:
+    """{tensor name: digest hex} for every tensor the file holds, whole file or part, with no
+    check of which ranges they serve (cut_model compares a written part with its source)."""
+    reader = _open_reader(path)
+    return _tensor_digests(reader, path, sorted(t.name for t in reader.tensors))
 
 
 @dataclasses.dataclass(frozen=True)

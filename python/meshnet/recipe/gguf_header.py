@@ -110,6 +110,7 @@ class GgufHeader:
     tensors: tuple[TensorInfo, ...]  # in file order; names are unique
     alignment: int  # general.alignment, else 32
     data_start: int  # absolute offset of the (aligned) tensor data section
+    metadata_end: int  # absolute offset just past the last metadata pair (the tensor infos follow)
 
     def array_values(self, key: str) -> list:
         """The elements of the metadata array `key`, read from the file now (nested arrays
@@ -148,6 +149,7 @@ def read_header(path: PathLike) -> GgufHeader:
             value_type = _value_type(raw_type, path)
             alignment_type = value_type if key == ALIGNMENT_KEY else alignment_type
             metadata[key] = reader.value(value_type, depth=0)
+        metadata_end = f.tell()
         reader.check_count(tensor_count, _MIN_TENSOR_INFO_BYTES, "tensor count")
         raw_tensors = [reader.tensor_info() for _ in range(tensor_count)]
         alignment = _alignment(metadata.get(ALIGNMENT_KEY), alignment_type, path)
@@ -155,7 +157,7 @@ def read_header(path: PathLike) -> GgufHeader:
     tensors = tuple(_tensor(raw, data_start, size, path) for raw in raw_tensors)
     if len({t.name for t in tensors}) != len(tensors):
         raise ValueError(f"{path}: GGUF has duplicated tensor names")
-    return GgufHeader(str(path), version, reader.byte_order, metadata, tensors, alignment, data_start)
+    return GgufHeader(str(path), version, reader.byte_order, metadata, tensors, alignment, data_start, metadata_end)
 
 
 class _Reader:

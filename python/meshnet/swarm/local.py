@@ -27,13 +27,8 @@ from meshnet.identity.keys import Identity
 from meshnet.process import child_env
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import certify
+from meshnet.recipe.cut_model import even_cuts  # noqa: F401 - the swarm's split, re-exported for its callers
 from meshnet.tracker.service import new_role_tokens
-
-
-def even_cuts(n_layer: int, nodes: int) -> list[tuple[int, int]]:
-    """[0, n_layer) split into `nodes` contiguous ranges as even as whole layers allow."""
-    bounds = [round(i * n_layer / nodes) for i in range(nodes + 1)]
-    return list(zip(bounds, bounds[1:]))
 
 
 def wait_for_port(proc: subprocess.Popen, port_file: Path, log: Path, timeout: float, what: str) -> int:

@@ -5,7 +5,8 @@
 `rate`, drawn from a generator seeded with `seed` (so a run is repeatable). Pending audits wait
 in a bounded queue (past MAX_PENDING the oldest is dropped, and logged). `take` hands the oldest
 to a verifier with an audit ticket per hop (valid `ticket_seconds`, signed with the ticket key)
-and keeps it in flight; one not reported within `report_seconds` goes back to the queue. `report`
+and the model's certified artifact and recipe (what the verifier must replay under), and keeps
+it in flight; one not reported within `report_seconds` goes back to the queue. `report`
 records the verdict in the ledger; a failed one quarantines the culprit in the registry (never
 routed again) and withholds its credit for the audited session (ledger), in one transaction.
 Thread-safe (one lock).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import secrets
 import threading
 import time
@@ -27,12 +29,13 @@ from meshnet.process import log
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.registry import Registry
 from meshnet.wire import tracker as tt
-from meshnet.wire.seam import RouteSession
+from meshnet.wire.seam import Fingerprints, RouteSession
 from meshnet.wire.status import Status, StatusCode
 
 MAX_PENDING = 1024
 MAX_EVIDENCE_CHARS = 64 * 1024
 DEFAULT_RATE = 0.05
+ARTIFACT = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclasses.dataclass
@@ -73,22 +76,38 @@ class Audits:
                 log("audit_dropped", audit_id=dropped.audit_id, session=dropped.route.session_id,
                     reason=f"more than {MAX_PENDING} audits pending")
 
-    def take(self) -> tt.TakeAuditReply:
+    def take(self, model_artifact: str = "") -> tt.TakeAuditReply:
+        """The oldest pending audit, of a model certified from `model_artifact` when it is given
+        (a verifier can replay one artifact only)."""
+        if model_artifact and not ARTIFACT.fullmatch(model_artifact):
+            return tt.TakeAuditReply(Status(StatusCode.INVALID_ARGUMENT,
+                                            "model_artifact must be \"sha256:\" and 64 lowercase hex digits"))
         with self._lock:
             now = self._clock()
             for audit_id, job in list(self._in_flight.items()):  # a verifier that never reported
                 if now - job.taken_at > self._report_seconds:
                     del self._in_flight[audit_id]
                     self._pending.appendleft(job)
-            if not self._pending:
-                return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "no audit pending"))
-            job = self._pending.popleft()
+            job = next((j for j in self._pending if not model_artifact or self._artifact(j.model) == model_artifact),
+                       None)
+            if job is None:
+                return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "no audit pending" + (
+                    f" of a model certified from {model_artifact}" if model_artifact else "")))
+            self._pending.remove(job)
             job.taken_at = now
             self._in_flight[job.audit_id] = job
         route = job.route
         issued = tuple(tickets.issue_audit(self._key, route.session_id, route.epoch, h.node.node_id,
                                            self._ticket_seconds) for h in job.hops)
-        return tt.TakeAuditReply(Status(StatusCode.OK), tt.AuditJob(job.audit_id, route, job.model, job.hops, issued))
+        certified = self._registry.certified(job.model)
+        fingerprints = certified and Fingerprints(certified.artifact_fingerprint, certified.recipe_fingerprint)
+        return tt.TakeAuditReply(Status(StatusCode.OK), tt.AuditJob(
+            job.audit_id, route, job.model, job.hops, issued, fingerprints,
+            certified.matmul_activations if certified else ""))
+
+    def _artifact(self, model: str) -> str:
+        certified = self._registry.certified(model)
+        return certified.artifact_fingerprint if certified else ""
 
     def report(self, request: tt.ReportAuditRequest) -> tt.ReportAuditReply:
         if len(request.evidence) > MAX_EVIDENCE_CHARS:

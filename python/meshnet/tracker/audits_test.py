@@ -16,13 +16,15 @@ from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, RouteSession
 from meshnet.wire.status import StatusCode
 
-MODEL = CertifiedModel("smol", "llama", 30, "sha256:art", "sha256:rec")
+ART, REC = "sha256:" + "a" * 64, "sha256:" + "r" * 64
+MODEL = CertifiedModel("smol", "llama", 30, ART, REC, matmul_activations="f32")
+OTHER = CertifiedModel("other", "llama", 30, "sha256:" + "b" * 64, REC, matmul_activations="quantized")
 
 
 def hop(name: str, start: int, end: int) -> tt.Hop:
     key = Identity.generate()
-    info = tt.NodeInfo(key.node_id, f"{name}:1", tt.BackendKind.GGUF, "smol", "llama", Fingerprints("sha256:art",
-                       "sha256:rec"), "", tt.LayerRange(start, end), tt.Capacity(4, 4096, 0), 30, key.public_key, "")
+    info = tt.NodeInfo(key.node_id, f"{name}:1", tt.BackendKind.GGUF, "smol", "llama", Fingerprints(ART, REC), "",
+                       tt.LayerRange(start, end), tt.Capacity(4, 4096, 0), 30, key.public_key, "")
     return tt.Hop(info, tt.LayerRange(start, end))
 
 
@@ -79,3 +81,25 @@ def test_refused_reports_change_nothing_and_an_honest_one_beside_them_lands(setu
     [record] = ledger.audits()
     assert record["culprit"] == culprit and not record["passed"] and json.loads(record["evidence"])["findings"]
     assert audits.report(tt.ReportAuditRequest(job.audit_id, True)).status.code == StatusCode.NOT_FOUND  # once
+
+
+def test_a_job_names_its_models_certified_artifact_and_recipe(setup):
+    audits, _, _, _ = setup
+    audits.consider(RouteSession("s1", 1), "smol", (hop("a", 0, 30),))
+    job = audits.take().job
+    assert job.fingerprints == Fingerprints(ART, REC) and job.matmul_activations == "f32"
+
+
+def test_a_verifier_takes_only_audits_of_its_artifact(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.db")
+    audits = Audits(Registry([MODEL, OTHER]), ledger, Identity.generate(), rate=1.0, seed=3)
+    audits.consider(RouteSession("s-smol", 1), "smol", (hop("a", 0, 30),))
+    audits.consider(RouteSession("s-other", 1), "other", (hop("b", 0, 30),))
+    refused = audits.take("sha256:" + "A" * 64)
+    assert refused.status.code == StatusCode.INVALID_ARGUMENT and refused.job is None
+    job = audits.take(OTHER.artifact_fingerprint).job  # past the older audit of another artifact
+    assert job.session.session_id == "s-other" and job.fingerprints.model_artifact == OTHER.artifact_fingerprint
+    none_left = audits.take(OTHER.artifact_fingerprint)
+    assert none_left.status.code == StatusCode.NOT_FOUND and OTHER.artifact_fingerprint in none_left.status.message
+    assert audits.take().job.session.session_id == "s-smol"  # "" takes any, and the refusal took nothing
+    ledger.close()

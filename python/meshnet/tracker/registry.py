@@ -112,6 +112,10 @@ class Registry:
         """The names of the certified models (fixed at construction)."""
         return frozenset(self._models)
 
+    def certified(self, model: str) -> Optional[CertifiedModel]:
+        """`model`'s certified entry (None for a name not certified)."""
+        return self._models.get(model)
+
     @property
     def lease_ms(self) -> int:
         return int(self._lease * 1000)

@@ -209,10 +209,10 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
                             lambda r, caller: self._registry.renew_route(r.session, caller))
 
     def TakeAudit(self, request, context):  # noqa: N802
-        def work(_: tt.TakeAuditRequest, caller: bytes) -> tt.TakeAuditReply:
+        def work(r: tt.TakeAuditRequest, caller: bytes) -> tt.TakeAuditReply:
             if self._audits is None:
                 return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "this tracker runs no audits"))
-            return self._audits.take()
+            return self._audits.take(r.model_artifact)
         return self._handle("TakeAudit", request, context, tt.TakeAuditReply, work)
 
     def ReportAudit(self, request, context):  # noqa: N802

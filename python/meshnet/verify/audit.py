@@ -5,7 +5,8 @@ committed to, replay the session, and name the first hop whose commitments the r
 key over "meshnet-audit-v1\\0" || AuditBody). `fetch` reads a hop's commitments over its pinned
 TLS channel and checks the node's signature against its registered key before anything in them
 is used. `Replayer` recomputes a session as a trusted verifier node would: the whole certified
-model, the route's ranges, one teacher-forced prefill (//cpp/engine:dump_boundaries). `judge`
+model, the route's ranges, one teacher-forced prefill (//cpp/engine:dump_boundaries), under the
+recipe the audit job names (refusing a job of another artifact or recipe). `judge`
 compares, at `positions` random positions per hop, each hop's output with the replay and each
 hop's input with what its upstream committed to sending, and at `positions` random positions
 the last hop sampled from, its tokens with the replay's logits, and blames the first hop (in route
@@ -22,9 +23,12 @@ import numpy as np
 
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
+from meshnet.recipe.certify import recipe_of
+from meshnet.recipe.fingerprint import artifact_fingerprint, gguf_summary
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.verify import boundaries
 from meshnet.verify import commitment as cm
+from meshnet.wire import tracker as tt
 
 COMMITMENTS_DOMAIN = b"meshnet-commitments-v1\0"
 MAX_POSITIONS = 4096  # the worker's kMaxAuditPositions
@@ -83,21 +87,46 @@ def fetch(channel, ticket: shard_pb2.AuditTicket, node_public_key: bytes, start:
                           len(reply.body))
 
 
+class WrongRecipe(AuditError):
+    """The audit job names an artifact or recipe this verifier cannot replay under."""
+
+
 class Replayer:
-    """Replays sessions on the whole certified model, as a trusted verifier node."""
+    """Replays sessions on the whole certified model, as a trusted verifier node, under the
+    recipe each audit job names (`matmul_activations`)."""
 
-    def __init__(self, dump_boundaries: Path, gguf: Path, threads: int = 2,
-                 matmul_activations: str = "quantized") -> None:
-        """`matmul_activations`: the model's certified recipe's (ADR 0012)."""
+    def __init__(self, dump_boundaries: Path, gguf: Path, threads: int = 2) -> None:
         self._binary, self._gguf, self._threads = dump_boundaries, gguf, threads
-        self._matmul_activations = matmul_activations
+        self.artifact = artifact_fingerprint(gguf)  # the one artifact it replays
+        self._summary = gguf_summary(gguf)
 
-    def replay(self, tokens: Sequence[int], layers: Sequence[tuple[int, int]]) -> dict:
-        """{"rows": [boundary rows after each non-last range], "logits": [positions, n_vocab]}."""
+    def job_matmul_activations(self, job: tt.AuditJob) -> str:
+        """The matmul activations to replay `job` under: its certified recipe's, once the job's
+        artifact is this replayer's and its recipe fingerprint is the one that recipe gives here
+        (WrongRecipe otherwise: replaying under other arithmetic would blame honest nodes)."""
+        if job.fingerprints is None or not job.matmul_activations:
+            raise WrongRecipe(f"audit {job.audit_id} names no certified artifact and recipe (a tracker before them)")
+        if job.fingerprints.model_artifact != self.artifact:
+            raise WrongRecipe(f"audit {job.audit_id} is of {job.model} certified from "
+                              f"{job.fingerprints.model_artifact}; this verifier replays {self.artifact}")
+        try:
+            here = recipe_of(self._summary, "gguf", job.matmul_activations).fingerprint()
+        except ValueError as err:
+            raise WrongRecipe(f"audit {job.audit_id}: {err}") from None
+        if here != job.fingerprints.runtime_recipe:
+            raise WrongRecipe(f"audit {job.audit_id}: {job.model}'s certified recipe is "
+                              f"{job.fingerprints.runtime_recipe}; this verifier's engine with "
+                              f"{job.matmul_activations} matmul activations runs {here}")
+        return job.matmul_activations
+
+    def replay(self, tokens: Sequence[int], layers: Sequence[tuple[int, int]],
+               matmul_activations: str = "quantized") -> dict:
+        """{"rows": [boundary rows after each non-last range], "logits": [positions, n_vocab]};
+        `matmul_activations`: the certified recipe's (ADR 0012; `job_matmul_activations`)."""
         chain = ",".join(f"{a}:{b}" for a, b in layers)
         try:
             return boundaries.run_chain(self._binary, self._gguf, tokens, chain, str(len(tokens)), self._threads,
-                                        self._matmul_activations)
+                                        matmul_activations)
         except boundaries.BoundariesError as err:
             raise AuditError(f"replay failed: {err}") from None
 

@@ -1,8 +1,10 @@
 """`tools/bazel run //python:verifier -- --tracker HOST:PORT --tracker-ca CA --token-file
 VERIFIER.token`: the verifier role (docs/adr/0008-verified-outputs.md).
 
-Takes the tracker's pending audits one at a time, fetches each hop's signed commitments with the
-audit tickets the tracker issued, replays the session on the whole certified model, checks
+Takes the tracker's pending audits of the model it holds (`--gguf`) one at a time, fetches each
+hop's signed commitments with the audit tickets the tracker issued, replays the session on the
+whole certified model under the recipe the job names (its matmul activations; a job of another
+artifact or recipe is refused, not reported, and goes back to the tracker's queue), checks
 `--positions` random positions per hop at the calibrated tolerance, and reports the verdict.
 Policy for a refutation: check every position of every hop (so that blame goes to the first hop
 refuted anywhere, not to a downstream hop whose tokens a cheat upstream spoiled at positions the
@@ -30,7 +32,6 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.tls import pinned_channel
 from meshnet.process import log, stop_on_signals, tracker_token
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
-from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
 from meshnet.shard.v1 import shard_pb2
 from meshnet.verify import audit, commitment
 from meshnet.wire import tracker as tt
@@ -67,6 +68,7 @@ def findings_json(verdict: audit.Verdict, listed: int = 64) -> list[dict]:
 def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
               positions: int, seed: int, stats: Optional[VerifierStats] = None) -> tt.ReportAuditRequest:
     stats = stats if stats is not None else VerifierStats()
+    matmul_activations = replayers[0].job_matmul_activations(job)  # WrongRecipe before any hop is asked
     fetched = []
     for hop, ticket in zip(job.hops, job.tickets):
         node = hop.node
@@ -82,7 +84,7 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
     tokens = audit.session_tokens(fetched)
     layers = [h.layers for h in fetched]
     started = time.perf_counter()
-    replay = replayers[0].replay(tokens, layers)
+    replay = replayers[0].replay(tokens, layers, matmul_activations)
     stats.audits += 1
     stats.replay_seconds += time.perf_counter() - started
     stats.replayed_tokens += len(tokens)
@@ -95,7 +97,7 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
         # clean while its downstream hop's tokens, computed from its output, are refuted. The
         # replay covers them all already; the second replay (another thread count) must agree.
         full = audit.judge(fetched, replay, tol, ALL_POSITIONS, np.random.default_rng(seed))
-        second = audit.judge(fetched, replayers[1].replay(tokens, layers), tol, ALL_POSITIONS,
+        second = audit.judge(fetched, replayers[1].replay(tokens, layers, matmul_activations), tol, ALL_POSITIONS,
                              np.random.default_rng(seed))
         evidence.update(findings=findings_json(full), sampled_culprit=verdict.culprit,
                         confirmed=second.culprit == full.culprit)
@@ -113,7 +115,7 @@ def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.
     reported = 0
     while not stop.is_set():
         try:
-            reply = tracker.take_audit()
+            reply = tracker.take_audit(replayers[0].artifact)
         except grpc.RpcError as err:
             log("tracker_unreachable", error=err.code().name)
             stop.wait(poll_seconds)
@@ -125,7 +127,8 @@ def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.
         try:
             report = run_audit(job, replayers, tol, positions, seed if seed is not None else job.audit_id, stats)
         except (audit.AuditError, grpc.RpcError) as err:
-            log("audit_failed_to_run", audit_id=job.audit_id, error=str(err))
+            log("audit_refused" if isinstance(err, audit.WrongRecipe) else "audit_failed_to_run",
+                audit_id=job.audit_id, error=str(err))
             continue  # the tracker hands it out again after its report deadline
         tracker.report_audit(report)
         reported += 1
@@ -144,15 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump-boundaries", required=True, type=Path, help="//cpp/engine:dump_boundaries")
     parser.add_argument("--calibration", required=True, type=Path, help="calibration.json of this model's recipe")
     parser.add_argument("--positions", type=int, default=16, help="positions checked per hop per audit")
-    parser.add_argument("--matmul-activations", choices=MATMUL_ACTIVATIONS, default="quantized",
-                        help="as the model's certified recipe says (its models.json entry; ADR 0012)")
     args = parser.parse_args(argv)
     token = tracker_token(parser, args.token_file, "MESHNET_VERIFIER_TOKEN", "verifier", args.tracker_ca,
                           args.insecure)
     tracker = TrackerClient(args.tracker, token, Identity.generate(),
                             tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
-    replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2, matmul_activations=args.matmul_activations),
-                 audit.Replayer(args.dump_boundaries, args.gguf, threads=1, matmul_activations=args.matmul_activations))
+    replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2),
+                 audit.Replayer(args.dump_boundaries, args.gguf, threads=1))
     stop = stop_on_signals()
     log("verifying", tracker=args.tracker, model=str(args.gguf), positions=args.positions)
     serve_audits(tracker, replayers, commitment.tolerance_from_calibration(args.calibration), args.positions, stop)

@@ -241,7 +241,7 @@ class TrackerKeyReply:
 
 @dataclasses.dataclass(frozen=True)
 class TakeAuditRequest:
-    pass
+    model_artifact: str = ""  # only audits of a model certified from this artifact ("" any)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +251,9 @@ class AuditJob:
     model: str
     hops: tuple[Hop, ...] = ()
     tickets: tuple[AuditTicket, ...] = ()  # one per hop
+    # the certified entry's artifact and recipe: the verifier replays under this recipe, from this artifact
+    fingerprints: Optional[Fingerprints] = None
+    matmul_activations: str = ""  # the recipe's, in clear ("" from a tracker before this field)
 
 
 @dataclasses.dataclass(frozen=True)
