@@ -2,9 +2,16 @@
 // of a teacher-forced token sequence: what each hop of a route commits to, and what an audit
 // replays (issue 17's calibration, python/meshnet/verify/calibrate.py).
 //
-// Usage: dump_boundaries [--f32-matmul-activations] MODEL.gguf OUT_PREFIX RANGES BATCH THREADS TOKEN_ID...
+// Usage: dump_boundaries [--f32-matmul-activations] [--input-rows FILE] MODEL.gguf OUT_PREFIX RANGES BATCH
+//                       THREADS TOKEN_ID...
 //   --f32-matmul-activations  quantized weights dequantized and dotted with F32 activations, for a
 //            model certified that way (ADR 0012)
+//   --input-rows FILE  the first range takes its input from FILE (float32 [n_tokens, n_embd]: an
+//            earlier run's OUT_PREFIX.<i>.f32) instead of embedding the tokens, which then only
+//            give the sequence its length; that range must not start at layer 0. A chain run
+//            range by range this way, one process per range, gives the same bytes as one run of
+//            the whole chain, with each process holding one range (audits and certification of
+//            models no machine holds).
 //   RANGES   the chain, e.g. 0:10,10:20,20:30; a range may leave layers out (0:10,10:15,16:30
 //            skips layer 15), which is how the calibration makes a hop that skips a layer, and
 //            may name its own GGUF (10:20@OTHER.gguf: another quantization of the same model).
@@ -81,13 +88,35 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+bool ReadFloats(const std::string& file, size_t count, std::vector<float>* values, std::string* error) {
+  FILE* in = std::fopen(file.c_str(), "rb");
+  if (in == nullptr) {
+    *error = "cannot open " + file;
+    return false;
+  }
+  values->assign(count, 0.0f);
+  const bool read_all = std::fread(values->data(), sizeof(float), count, in) == count;
+  const bool at_end = read_all && std::fgetc(in) == EOF;
+  std::fclose(in);
+  if (!at_end) *error = file + " does not hold exactly " + std::to_string(count) + " floats ([n_tokens, n_embd])";
+  return at_end;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool f32_matmul_activations = meshnet::engine::TakeLeadingFlag(&argc, &argv, "--f32-matmul-activations");
+  bool f32_matmul_activations = false;
+  std::string input_rows;
+  for (bool took = true; took;) {  // the flags, in any order, before the positional arguments
+    took = false;
+    if (meshnet::engine::TakeLeadingFlag(&argc, &argv, "--f32-matmul-activations")) {
+      f32_matmul_activations = took = true;
+    }
+    if (meshnet::engine::TakeLeadingOption(&argc, &argv, "--input-rows", &input_rows)) took = true;
+  }
   if (argc < 7) {
-    std::cerr << "usage: dump_boundaries [--f32-matmul-activations] MODEL.gguf OUT_PREFIX RANGES BATCH THREADS "
-                 "TOKEN_ID...\n";
+    std::cerr << "usage: dump_boundaries [--f32-matmul-activations] [--input-rows FILE] MODEL.gguf OUT_PREFIX "
+                 "RANGES BATCH THREADS TOKEN_ID...\n";
     return 2;
   }
   const std::string path = argv[1], prefix = argv[2];
@@ -123,6 +152,11 @@ int main(int argc, char** argv) {
   }
   const bool owns_output = chain.back().model->owns_output();
   const int n_embd = chain.front().model->n_embd(), n_vocab = chain.back().model->n_vocab();
+  std::vector<float> given;  // --input-rows: the first range's input
+  if (!input_rows.empty()) {
+    if (chain.front().model->owns_input()) return Fail("--input-rows needs a first range that starts past layer 0");
+    if (!ReadFloats(input_rows, static_cast<size_t>(n) * n_embd, &given, &error)) return Fail(error);
+  }
   std::vector<int32_t> argmax;
   std::vector<float> top_logit, all_logits;
 
@@ -133,10 +167,10 @@ int main(int argc, char** argv) {
       const bool last = i + 1 == chain.size() && owns_output;
       Batch batch;
       for (int r = 0; r < rows; ++r) {
-        if (i == 0) {
+        if (i == 0 && input_rows.empty()) {
           batch.AddToken(0, first + r, tokens[first + r], true);
         } else {
-          const std::vector<float>& in = chain[i - 1].out;
+          const std::vector<float>& in = i == 0 ? given : chain[i - 1].out;
           batch.AddHidden(0, first + r, in.data() + static_cast<size_t>(first + r) * n_embd, n_embd, true);
         }
       }

@@ -21,6 +21,15 @@ bool TakeLeadingFlag(int* argc, char*** argv, const std::string& flag) {
   return true;
 }
 
+bool TakeLeadingOption(int* argc, char*** argv, const std::string& flag, std::string* value) {
+  if (*argc < 3 || flag != (*argv)[1]) return false;
+  *value = (*argv)[2];
+  (*argv)[2] = (*argv)[0];
+  *argv += 2;
+  *argc -= 2;
+  return true;
+}
+
 std::optional<WholeModel> OpenWholeModel(const char* tool, const std::string& path,
                                          const ContextOptions& options) {
   std::string error;

@@ -26,6 +26,11 @@ std::vector<int32_t> TokenArgs(int argc, char** argv, int first);
 // the positional arguments keep their indices.
 bool TakeLeadingFlag(int* argc, char*** argv, const std::string& flag);
 
+// Whether argv[1] is `flag` followed by a value; if so both are taken off as TakeLeadingFlag
+// does, and the value is stored in `value`. False, with `value` untouched, otherwise (a trailing
+// `flag` with no value is left in place, for the tool's usage check to refuse).
+bool TakeLeadingOption(int* argc, char*** argv, const std::string& flag, std::string* value);
+
 // Opens `path` and a context of `options` on it; nullopt (with the error printed) on failure.
 std::optional<WholeModel> OpenWholeModel(const char* tool, const std::string& path,
                                          const ContextOptions& options);

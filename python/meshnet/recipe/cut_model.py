@@ -31,9 +31,9 @@ from typing import BinaryIO, Callable, Optional, Sequence
 from meshnet.recipe.fingerprint import (GgufSummary, artifact_fingerprint, combine_digests, file_tensor_digests,
                                         gguf_summary, owned_tensor_names)
 from meshnet.recipe.gguf_header import GGUFValueType, GgufHeader, TensorInfo, read_header
+from meshnet.recipe.model_files import RECORD_FORMAT
 from meshnet.recipe.range_part import KEYS, PartInfo, part_info
 
-RECORD_FORMAT = "meshnet-gguf-parts-v1"
 COPY_CHUNK = 8 << 20
 PROGRESS_SECONDS = 2.0  # at most one progress line per part this often while copying
 Progress = Callable[[str], None]

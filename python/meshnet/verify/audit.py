@@ -4,9 +4,10 @@ committed to, replay the session, and name the first hop whose commitments the r
 `audit_ticket` is the tracker's permission to read one hop's commitments (Ed25519 by the ticket
 key over "meshnet-audit-v1\\0" || AuditBody). `fetch` reads a hop's commitments over its pinned
 TLS channel and checks the node's signature against its registered key before anything in them
-is used. `Replayer` recomputes a session as a trusted verifier node would: the whole certified
-model, the route's ranges, one teacher-forced prefill (//cpp/engine:dump_boundaries), under the
-recipe the audit job names (refusing a job of another artifact or recipe). `judge`
+is used. `Replayer` recomputes a session as a trusted verifier node would: the certified model
+(whole, or its per-range parts), the route's ranges one process each, one teacher-forced prefill
+(//cpp/engine:dump_boundaries), under the recipe the audit job names (refusing a job of another
+artifact or recipe). `judge`
 compares, at `positions` random positions per hop, each hop's output with the replay and each
 hop's input with what its upstream committed to sending, and at `positions` random positions
 the last hop sampled from, its tokens with the replay's logits, and blames the first hop (in route
@@ -24,7 +25,8 @@ import numpy as np
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
 from meshnet.recipe.certify import recipe_of
-from meshnet.recipe.fingerprint import artifact_fingerprint, gguf_summary
+from meshnet.recipe.fingerprint import gguf_summary
+from meshnet.recipe.model_files import open_model_files
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.verify import boundaries
 from meshnet.verify import commitment as cm
@@ -92,13 +94,17 @@ class WrongRecipe(AuditError):
 
 
 class Replayer:
-    """Replays sessions on the whole certified model, as a trusted verifier node, under the
-    recipe each audit job names (`matmul_activations`)."""
+    """Replays sessions as a trusted verifier node would compute them, range by range (one
+    process per route range, each opening that range only: peak memory follows the largest
+    range, not the model), under the recipe each audit job names (`matmul_activations`)."""
 
-    def __init__(self, dump_boundaries: Path, gguf: Path, threads: int = 2) -> None:
-        self._binary, self._gguf, self._threads = dump_boundaries, gguf, threads
-        self.artifact = artifact_fingerprint(gguf)  # the one artifact it replays
-        self._summary = gguf_summary(gguf)
+    def __init__(self, dump_boundaries: Path, model: Path, threads: int = 2) -> None:
+        """`model`: the certified GGUF, whole, or the parts record its per-range files came with
+        (`cut_model`); ValueError if it is neither."""
+        self._binary, self._threads = dump_boundaries, threads
+        self._model = open_model_files(model)
+        self.artifact = self._model.artifact  # the one artifact it replays
+        self._summary = gguf_summary(self._model.files[0].path)  # a part's summary is its source's
 
     def job_matmul_activations(self, job: tt.AuditJob) -> str:
         """The matmul activations to replay `job` under: its certified recipe's, once the job's
@@ -123,10 +129,9 @@ class Replayer:
                matmul_activations: str = "quantized") -> dict:
         """{"rows": [boundary rows after each non-last range], "logits": [positions, n_vocab]};
         `matmul_activations`: the certified recipe's (ADR 0012; `job_matmul_activations`)."""
-        chain = ",".join(f"{a}:{b}" for a, b in layers)
         try:
-            return boundaries.run_chain(self._binary, self._gguf, tokens, chain, str(len(tokens)), self._threads,
-                                        matmul_activations)
+            return boundaries.run_streamed(self._binary, self._model, tokens, layers, str(len(tokens)), self._threads,
+                                           matmul_activations)
         except boundaries.BoundariesError as err:
             raise AuditError(f"replay failed: {err}") from None
 

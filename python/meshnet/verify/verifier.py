@@ -1,17 +1,19 @@
 """`tools/bazel run //python:verifier -- --tracker HOST:PORT --tracker-ca CA --token-file
 VERIFIER.token`: the verifier role (docs/adr/0008-verified-outputs.md).
 
-Takes the tracker's pending audits of the model it holds (`--gguf`) one at a time, fetches each
-hop's signed commitments with the audit tickets the tracker issued, replays the session on the
-whole certified model under the recipe the job names (its matmul activations; a job of another
-artifact or recipe is refused, not reported, and goes back to the tracker's queue), checks
-`--positions` random positions per hop at the calibrated tolerance, and reports the verdict.
-Policy for a refutation: check every position of every hop (so that blame goes to the first hop
-refuted anywhere, not to a downstream hop whose tokens a cheat upstream spoiled at positions the
-sample missed), replay once more with another thread count, and blame the culprit only when the
-second replay refutes the same hop (a glitch of the verifier itself must not quarantine anyone); a hop answering UNIMPLEMENTED (the reference backend keeps no commitments) or NOT_FOUND
-(the session left its bounded log, or its worker restarted) makes the audit inconclusive, reported
-as passed with the reason in the evidence. Logs are JSON lines on stderr.
+Takes the tracker's pending audits of the model it holds (`--gguf`: the whole file or its parts
+record) one at a time, fetches each hop's signed commitments with the audit tickets the tracker
+issued, replays the session range by range (one process per route range: no process holds the
+whole model) under the recipe the job names (its matmul activations; a job of another artifact
+or recipe is refused, not reported, and goes back to the tracker's queue), checks `--positions`
+random positions per hop at the calibrated tolerance, and reports the verdict. Policy for a
+refutation: check every position of every hop (so that blame goes to the first hop refuted
+anywhere, not to a downstream hop whose tokens a cheat upstream spoiled at positions the sample
+missed), replay once more with another thread count, and blame the culprit only when the second
+replay refutes the same hop (a glitch of the verifier itself must not quarantine anyone); a hop
+answering UNIMPLEMENTED (the reference backend keeps no commitments) or NOT_FOUND (the session
+left its bounded log, or its worker restarted) makes the audit inconclusive, reported as passed
+with the reason in the evidence. Logs are JSON lines on stderr.
 """
 
 from __future__ import annotations
@@ -143,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracker-ca", type=Path)
     parser.add_argument("--token-file", type=Path, help="the verifier role's token (else $MESHNET_VERIFIER_TOKEN)")
     parser.add_argument("--insecure", action="store_true")
-    parser.add_argument("--gguf", required=True, type=Path, help="the certified model, whole")
+    parser.add_argument("--gguf", required=True, type=Path,
+                        help="the certified model: the whole GGUF, or the parts record (MODEL.parts.json) of its "
+                             "per-range files (//python:cut_model); replays open one range at a time")
     parser.add_argument("--dump-boundaries", required=True, type=Path, help="//cpp/engine:dump_boundaries")
     parser.add_argument("--calibration", required=True, type=Path, help="calibration.json of this model's recipe")
     parser.add_argument("--positions", type=int, default=16, help="positions checked per hop per audit")
@@ -152,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                           args.insecure)
     tracker = TrackerClient(args.tracker, token, Identity.generate(),
                             tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
-    replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2),
-                 audit.Replayer(args.dump_boundaries, args.gguf, threads=1))
+    try:
+        replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2),
+                     audit.Replayer(args.dump_boundaries, args.gguf, threads=1))
+    except ValueError as err:
+        parser.error(f"--gguf {args.gguf}: {err}")
     stop = stop_on_signals()
     log("verifying", tracker=args.tracker, model=str(args.gguf), positions=args.positions)
     serve_audits(tracker, replayers, commitment.tolerance_from_calibration(args.calibration), args.positions, stop)
