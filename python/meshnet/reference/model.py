@@ -36,6 +36,15 @@ _GGUF_SIZES_TRANSFORMERS_MISSES = {"head_dim": "attention.key_length",
 def load_model(gguf: str | Path) -> nn.Module:
     """The whole model from a GGUF file (dequantized to fp32), for shards and baselines."""
     path = Path(gguf).resolve()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=load_config(path),
+                                                 dtype=torch.float32, attn_implementation="sdpa")
+    return model.eval()
+
+
+def load_config(gguf: str | Path):
+    """The Transformers config of a GGUF file (its metadata only; a per-range part's is its
+    source's), with the sizes Transformers' GGUF mapping misses taken from the file."""
+    path = Path(gguf).resolve()
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     # Transformers' GGUF config mapping leaves some sizes at the architecture's defaults, wrong
     # wherever a model differs from them (head_dim of the Qwen3 fixtures and Gemma 3 270M, the
@@ -46,9 +55,7 @@ def load_model(gguf: str | Path) -> nn.Module:
         value = metadata.get(f"{arch}.{key}")
         if isinstance(value, int) and getattr(config, attribute, None) not in (None, value):
             setattr(config, attribute, value)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
-    return model.eval()
+    return config
 
 
 def load_tokenizer(gguf: str | Path):
