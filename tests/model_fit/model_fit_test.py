@@ -19,13 +19,12 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
 
 import psutil
 import pytest
 
-from meshnet.bench.measure import peak_rss_bytes
 from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.memory_cap import MemoryCap, cgroup_problem, peak_rss_bytes
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.gguf_header import read_header
 from meshnet.reference.model import load_tokenizer
@@ -39,71 +38,8 @@ GREEDY = Path(os.environ["MESHNET_GREEDY_BINARY"]).resolve()
 TOKENS = 16  # greedy tokens per prompt
 CAP_FRACTION = 0.45  # of the model file, per node, plus the node's KV
 MAX_SESSIONS, SESSION_TOKENS = 2, 512
-MEMORY_V1 = Path("/sys/fs/cgroup/memory")
-UNIFIED = [Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")]
 
-
-def _v2_root() -> Optional[Path]:
-    for root in UNIFIED:
-        controllers = root / "cgroup.controllers"
-        if controllers.exists() and "memory" in controllers.read_text().split():
-            return root
-    return None
-
-
-def _cgroup_problem() -> Optional[str]:
-    if os.geteuid() != 0:
-        return "not root: capping a node's memory needs a cgroup"
-    if (MEMORY_V1 / "memory.limit_in_bytes").exists() or _v2_root() is not None:
-        return None
-    return "no cgroup memory controller (v1 memory or v2) is mounted"
-
-
-pytestmark = pytest.mark.skipif(_cgroup_problem() is not None, reason=str(_cgroup_problem()))
-
-
-class MemoryCap:
-    """A new memory cgroup limited to `limit` bytes (swap included where the kernel accounts it);
-    `prefix` is a command prefix that moves the command into it."""
-
-    def __init__(self, name: str, limit: int) -> None:
-        self.limit = limit
-        self.v1 = (MEMORY_V1 / "memory.limit_in_bytes").exists()
-        root = MEMORY_V1 if self.v1 else _v2_root()
-        self.path = root / f"meshnet-fit-{name}-{os.getpid()}"
-        self.path.mkdir()
-        if self.v1:
-            (self.path / "memory.limit_in_bytes").write_text(str(limit))
-            memsw = self.path / "memory.memsw.limit_in_bytes"
-            if memsw.exists():
-                memsw.write_text(str(limit))
-        else:
-            (self.path / "memory.max").write_text(str(limit))
-            if (self.path / "memory.swap.max").exists():
-                (self.path / "memory.swap.max").write_text("0")
-        procs = self.path / "cgroup.procs"
-        self.prefix = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs)]
-
-    def peak(self) -> Optional[int]:
-        """The most memory the group has been charged (anonymous and page cache)."""
-        name = "memory.max_usage_in_bytes" if self.v1 else "memory.peak"
-        path = self.path / name
-        return int(path.read_text()) if path.exists() else None
-
-    def oom_kills(self) -> int:
-        text = (self.path / ("memory.oom_control" if self.v1 else "memory.events")).read_text()
-        for line in text.splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        return 0
-
-    def remove(self) -> None:
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:  # members still exiting
-                time.sleep(0.1)
+pytestmark = pytest.mark.skipif(cgroup_problem() is not None, reason=str(cgroup_problem()))
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +89,7 @@ def test_three_capped_nodes_give_the_single_process_tokens(tmp_path, model, prom
     size = path.stat().st_size
     n_layer = gguf_summary(path).n_layer
     cuts = even_cuts(n_layer, 3)
-    caps = [MemoryCap(f"node{i}", int(CAP_FRACTION * size) + node_kv_bytes(path, end - start))
+    caps = [MemoryCap(f"fit-node{i}", int(CAP_FRACTION * size) + node_kv_bytes(path, end - start))
             for i, (start, end) in enumerate(cuts)]
     report["model"] = {k: model[k] for k in ("path", "bytes", "sha256", "parameters")}
     copies = []  # a file per node, as on separate machines: no node reads pages another paid for
@@ -193,7 +129,7 @@ def test_the_single_process_under_one_nodes_cap(model, prompts, report):
     """Reported, not required: the whole model in one process under the cap one node ran in."""
     path = Path(model["path"])
     n_layer = gguf_summary(path).n_layer
-    cap = MemoryCap("single", int(CAP_FRACTION * path.stat().st_size) + node_kv_bytes(path, n_layer // 3 + 1))
+    cap = MemoryCap("fit-single", int(CAP_FRACTION * path.stat().st_size) + node_kv_bytes(path, n_layer // 3 + 1))
     evict_from_page_cache(path)
     try:
         started = time.monotonic()

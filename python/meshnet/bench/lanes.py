@@ -18,7 +18,8 @@ from typing import Callable, Optional
 import gguf as gguf_lib
 
 from meshnet.bench import gateway_lane, llama_lanes, route_lanes
-from meshnet.bench.measure import RssWatch, find_cell
+from meshnet.bench.measure import find_cell
+from meshnet.memory_cap import RssWatch
 from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.bench.schema import Lane

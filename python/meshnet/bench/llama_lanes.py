@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from meshnet.bench.delay_proxy import DelayProxy
-from meshnet.bench.measure import RssWatch, peak_rss_bytes
+from meshnet.memory_cap import RssWatch, peak_rss_bytes
 from meshnet.bench.schema import Cell, Lane
 from meshnet.process import free_port
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import statistics
-import threading
 import time
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -73,42 +72,6 @@ def cell_figures(start: float, streams: Sequence[Sequence[float]], prompt_tokens
 
 def _ms(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else seconds * 1000
-
-
-def peak_rss_bytes(pid: int) -> Optional[int]:
-    """VmHWM (peak resident set) of a live process, bytes; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return None
-
-
-class RssWatch:
-    """Follows a child's VmHWM every `period` seconds until it exits; `peak` is the last value
-    read. (wait4's ru_maxrss would be wrong here: it keeps the high-water mark from before
-    exec, i.e. the size of the Python parent the child was forked from.)"""
-
-    def __init__(self, pid: int, period: float = 0.05) -> None:
-        self.pid, self.period, self.peak = pid, period, 0
-        self._thread = threading.Thread(target=self._follow, daemon=True)
-        self._thread.start()
-
-    def _follow(self) -> None:
-        while True:
-            value = peak_rss_bytes(self.pid)
-            if value is None:
-                return
-            self.peak = max(self.peak, value)
-            time.sleep(self.period)
-
-    def result(self) -> int:
-        """The peak, once the process has exited (call after wait())."""
-        self._thread.join()
-        return self.peak
 
 
 def rounded(figures: dict, digits: int = 2) -> dict:

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 from meshnet.bench import lanes, llama_lanes
-from meshnet.bench.measure import RssWatch, cell_figures, peak_rss_bytes, percentile
+from meshnet.bench.measure import cell_figures, percentile
+from meshnet.memory_cap import RssWatch, peak_rss_bytes
 from meshnet.swarm.local import even_cuts
 
 

@@ -28,7 +28,8 @@ import grpc
 import psutil
 
 from meshnet.bench.delay_proxy import DelayProxy
-from meshnet.bench.measure import cell_figures, peak_rss_bytes, rounded
+from meshnet.bench.measure import cell_figures, rounded
+from meshnet.memory_cap import peak_rss_bytes
 from meshnet.bench.schema import Cell
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.protocol.tracker_client import TrackerClient
