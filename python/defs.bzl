@@ -40,6 +40,7 @@ CERTIFY_TOOLS = {
     "--worker-binary": "//cpp/worker:worker",
     "--greedy-binary": "//cpp/engine:greedy",
     "--dump-logits": "//cpp/engine:dump_logits",
+    "--dump-boundaries": "//cpp/engine:dump_boundaries",
     "--measure-shard": "//cpp/engine:measure_shard",
     "--tokenize-binary": "//cpp/engine:tokenize",
 }

@@ -75,6 +75,13 @@ def test_the_suite_and_the_entry(tmp_path):
     assert report["architecture"] == ARCHITECTURE
     assert len(report["route"]["cuts"]) == 3 and len(report["route"]["prompts"]) == 5
     assert report["route"]["tokens"] == 64 and report["teacher_forced"]["positions"] == 256
+    # range by range (issue 29): each route's tokens are also the teacher-forced range chain's argmax
+    assert report["whole_model_processes"] and report["route"]["single_process"]
+    assert all(p["teacher_forced"] == {"equal": True, "first_difference": None, "positions": 64}
+               for p in report["route"]["prompts"])
+    assert report["teacher_forced"]["reference_ranges"] == report["route"]["cuts"]
+    kinds = {p["what"].split(" layers")[0] for p in report["processes"]}
+    assert {"Transformers fp32", "llama.cpp"} <= kinds and all(p["exit_code"] == 0 for p in report["processes"])
     checks = report["checks"]
     assert report["matmul_activations"] == matmul
     assert all(checks.values()) and report["passed"], checks

@@ -2,14 +2,21 @@
 
   tools/bazel run //python:certify -- --gguf /abs/M.gguf --model NAME [--append /abs/models.json]
                                       [--report /abs/report.json] [--matmul-activations f32]
+                                      [--max-memory 1.5G]
 
-Checks, for a model whose architecture has a layer-range adapter (others stay dark: exit 2):
-  1. route parity: a tracker and 3 GGUF nodes on loopback give the greedy tokens of
-     single-process llama.cpp, 64 tokens on each of 5 prompts;
+No process of the suite holds the whole model unless it fits (certify/streamed.py): layers are
+computed range by range, each range in its own process. Checks, for a model whose architecture
+has a layer-range adapter (others stay dark: exit 2):
+  1. route parity: a tracker and 3 GGUF nodes on loopback give, 64 tokens on each of 5 prompts,
+     at every generated position the argmax of the llama.cpp range chain teacher-forced over the
+     prompt and the tokens before it, and, where one process may load the whole model, the
+     greedy tokens of single-process llama.cpp;
   2. 8 concurrent sessions on that route each keep their solo tokens;
   3. teacher-forced top-1 agreement with Transformers fp32 on the same (dequantized) weights is
-     at least 0.98 over 256 positions (KL reported);
+     at least 0.98 over 256 positions (KL reported), both sides computed range by range;
   4. each node's memory follows its range (certify/memory.py).
+`--max-memory SIZE` runs every process (nodes included) in its own memory cgroup capped at SIZE
+and reports each one's peak; Transformers then takes as many layers per process as fit in fp32.
 Every check runs the recipe being certified: `--matmul-activations quantized` (the default,
 llama.cpp's arithmetic) or `f32` (quantized weights dequantized and dotted with F32 activations,
 ADR 0012: slower decode, the arithmetic of the fp32 reference); the entry records which, and
@@ -24,20 +31,28 @@ the same model name, only when every check passed. Exit status: 0 passed; 1 a ch
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from meshnet.bench.prompts import PARITY_PROMPTS
 from meshnet.certify.memory import shard_memory
 from meshnet.certify.route_parity import route_parity
-from meshnet.certify.teacher_forced import POSITIONS, agreements, sequence
+from meshnet.certify.streamed import (MIB, greedy_matches_teacher_forced, llama_cpp_logits, reference_logits,
+                                      reference_ranges)
+from meshnet.certify.teacher_forced import POSITIONS, compare, sequence
+from meshnet.certify.teacher_forced import llama_cpp_logits as whole_logits
 from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.recipe import certify as entries
 from meshnet.recipe.adapters import has_adapter, layer_range_adapters
+from meshnet.memory_cap import CappedRunner, MemoryCap, cgroup_problem
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.gguf_header import read_header
+from meshnet.recipe.model_files import open_model_files
 from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, engine_tool_flags
 from meshnet.swarm.local import even_cuts
 
@@ -46,6 +61,19 @@ TOKENS = 64
 NODES = 3
 TOP1_MIN = 0.98  # issue 18's bar, fixed before any model was measured
 UNQUANTIZED = ("F32", "F16", "BF16")  # weight types no matmul quantizes activations for
+# One process loads the whole model only when the file, a quarter more, and this fit the cap.
+WHOLE_MODEL_MARGIN, WHOLE_MODEL_SLACK = 1.25, 512 * (1 << 20)
+
+
+def parse_size(text: str) -> int:
+    """"1.5G", "1536M", "800K" or a byte count -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 1.5G, 1536M or 1610612736")
+    value = int(float(match[1]) * 1024 ** "_KMGT".index(match[2].upper() or "_"))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a memory cap must be positive")
+    return value
 
 
 def kernel_diagnostics(matmul_activations: str) -> dict[str, list[str]]:
@@ -63,32 +91,68 @@ def expert_count(gguf: Path, architecture: str) -> int:
     return int(value) if isinstance(value, int) else 0
 
 
+def whole_model_fits(gguf: Path, max_memory: Optional[int]) -> bool:
+    """Whether one llama.cpp process may load the whole model under `max_memory` (uncapped: yes)."""
+    return max_memory is None or gguf.stat().st_size * WHOLE_MODEL_MARGIN + WHOLE_MODEL_SLACK <= max_memory
+
+
 def run_suite(args: argparse.Namespace, log) -> dict:
     gguf = args.gguf
     summary = gguf_summary(gguf)
+    model = open_model_files(gguf)
+    cuts = even_cuts(summary.n_layer, NODES)
+    runner = CappedRunner(args.max_memory, "certify")
+    whole = whole_model_fits(gguf, args.max_memory)
     tokenizer = LlamaCppTokenizer(gguf, args.tokenize_binary)
     prompts = tokenizer.encode_many(PARITY_PROMPTS)
     report: dict = {"suite": SUITE, "model": args.model, "architecture": summary.architecture,
-                    "n_layer": summary.n_layer, "gguf": str(gguf), "matmul_activations": args.matmul_activations}
+                    "n_layer": summary.n_layer, "gguf": str(gguf), "matmul_activations": args.matmul_activations,
+                    "max_memory_bytes": args.max_memory, "whole_model_processes": whole}
+    if not whole:
+        log(f"--max-memory {args.max_memory / MIB:.0f} MiB: no process loads the whole model "
+            f"({gguf.stat().st_size / MIB:.0f} MiB file); every check runs range by range")
     started = time.monotonic()
-    report["route"] = route_parity(gguf, args.model, prompts, worker=args.worker_binary, greedy=args.greedy_binary,
-                                   tokens=args.tokens, nodes=NODES, n_layer=summary.n_layer, log=log,
-                                   matmul_activations=args.matmul_activations)
+    node_caps = [MemoryCap(f"certify-node{i}", args.max_memory) for i in range(len(cuts))] if args.max_memory else []
+    try:
+        report["route"] = route_parity(
+            gguf, args.model, prompts, worker=args.worker_binary, greedy=args.greedy_binary, tokens=args.tokens,
+            nodes=NODES, n_layer=summary.n_layer, log=log, matmul_activations=args.matmul_activations,
+            single_process=whole, node_prefixes=[cap.prefix for cap in node_caps],
+            teacher_forced=lambda ids, got: greedy_matches_teacher_forced(
+                args.dump_boundaries, model, ids, got, cuts, args.matmul_activations, runner))
+        report["node_memory"] = [{"layers": list(cut), "cgroup_peak_bytes": cap.peak(), "oom_kills": cap.oom_kills()}
+                                 for cut, cap in zip(cuts, node_caps)]
+    finally:
+        for cap in node_caps:
+            cap.remove()
     ids = sequence(tokenizer, args.positions)
-    log(f"teacher-forced: Transformers fp32 against llama.cpp over {len(ids)} positions")
-    diagnostics = kernel_diagnostics(args.matmul_activations) if args.diagnose_kernels else {}
-    measured = agreements(gguf, args.dump_logits, ids,
-                          [engine_tool_flags(args.matmul_activations), *diagnostics.values()])
-    report["teacher_forced"] = measured[0]
+    ranges = reference_ranges(gguf, args.max_memory, cuts)
+    log(f"teacher-forced: Transformers fp32 (layer ranges {ranges}) against llama.cpp (layer ranges {cuts}) over "
+        f"{len(ids)} positions")
+    reference = reference_logits(gguf, ids, ranges, runner)
+    report["teacher_forced"] = {**compare(reference, llama_cpp_logits(args.dump_boundaries, model, ids, cuts,
+                                                                      args.matmul_activations, runner)),
+                                "reference_ranges": ranges}
     log(f"  top-1 {report['teacher_forced']['top1_agreement']}, mean KL "
         f"{report['teacher_forced']['mean_kl_transformers_to_gguf']}")
-    if args.diagnose_kernels:
-        report["diagnostics"] = {f"teacher_forced_{name}": m for name, m in zip(diagnostics, measured[1:])}
-        for name, m in zip(diagnostics, measured[1:]):
-            log(f"  diagnostic, {name.replace('_', ' ')}: top-1 {m['top1_agreement']}, mean KL "
-                f"{m['mean_kl_transformers_to_gguf']}")
-    log("memory: the whole model and each range in its own process")
-    report["memory"] = shard_memory(args.measure_shard, gguf, even_cuts(summary.n_layer, NODES))
+    if args.diagnose_kernels and not whole:
+        log("  diagnostics skipped: they load the whole model in one process (over --max-memory)")
+    elif args.diagnose_kernels:
+        diagnostics = kernel_diagnostics(args.matmul_activations)
+        report["diagnostics"] = {f"teacher_forced_{name}": compare(reference, whole_logits(args.dump_logits, gguf, ids,
+                                                                                             flags))
+                                 for name, flags in diagnostics.items()}
+        for name, m in report["diagnostics"].items():
+            log(f"  diagnostic, {name.removeprefix('teacher_forced_').replace('_', ' ')}: top-1 "
+                f"{m['top1_agreement']}, mean KL {m['mean_kl_transformers_to_gguf']}")
+    log("memory: each range in its own process" + (" and the whole model" if whole else ""))
+    report["memory"] = shard_memory(args.measure_shard, gguf, cuts, whole=whole, runner=runner)
+    report["processes"] = [dataclasses.asdict(r) for r in runner.records]
+    peaks = [r.cgroup_peak_bytes or r.peak_rss_bytes for r in runner.records]
+    peaks += [n["cgroup_peak_bytes"] or 0 for n in report["node_memory"]]
+    report["largest_process_peak_bytes"] = max(peaks)
+    log(f"{len(runner.records)} processes besides the nodes; the largest peak of any (nodes included) was "
+        f"{max(peaks) / MIB:.0f} MiB" + (f" under a cap of {args.max_memory / MIB:.0f} MiB" if args.max_memory else ""))
     report["checks"] = {
         "route_parity": report["route"]["route_equal"],
         "concurrent_sessions": report["route"]["concurrent_equal"],
@@ -122,7 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diagnose-kernels", action="store_true",
                         help="also report teacher-forced agreement under the other matmul activations, F16 flash "
                              "attention and upstream's CPU kernels (diagnostics, not checks)")
-    for tool in ("worker-binary", "greedy-binary", "dump-logits", "measure-shard", "tokenize-binary"):
+    parser.add_argument("--max-memory", type=parse_size,
+                        help="cap every process of the suite (each in its own memory cgroup; root) at this size, "
+                             "e.g. 1.5G: Transformers runs as many layers per process as fit, and nothing loads the "
+                             "whole model unless it fits with room to spare; the report gives each process's peak")
+    for tool in ("worker-binary", "greedy-binary", "dump-logits", "dump-boundaries", "measure-shard",
+                 "tokenize-binary"):
         parser.add_argument(f"--{tool}", type=Path, required=True, help="set by bazel run")
     args = parser.parse_args(argv)
     args.gguf = args.gguf.resolve()
@@ -130,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--gguf {args.gguf}: no such file")
     if args.tokens < 1 or args.positions < 2:
         parser.error("--tokens must be at least 1 and --positions at least 2")
+    if args.max_memory is not None and cgroup_problem():
+        parser.error(f"--max-memory needs memory cgroups: {cgroup_problem()}")
 
     def log(message: str) -> None:
         print(f"certify: {message}", file=sys.stderr, flush=True)
@@ -145,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
               f"layer-range adapter (adapters: {', '.join(layer_range_adapters())}); it stays dark", file=sys.stderr)
         return 2
     log(f"{args.gguf.name}: {summary.architecture}, {summary.n_layer} layers; suite {SUITE}")
-    report = run_suite(args, log)
+    try:
+        report = run_suite(args, log)
+    except ValueError as err:  # e.g. --max-memory below what one layer needs
+        print(f"certify: {err}", file=sys.stderr)
+        return 2
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
     if report["passed"] and args.append:

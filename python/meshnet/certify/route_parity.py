@@ -1,8 +1,9 @@
 """Exact route parity: a real tracker and GGUF nodes on loopback against single-process llama.cpp.
 
 Greedy tokens of a route over `nodes` even layer ranges must equal //cpp/engine:greedy's (the
-whole model, no layer range: upstream behaviour) token for token; then 8 sessions at once
-(batched together inside each worker) must each keep its solo tokens.
+whole model, no layer range: upstream behaviour) token for token where one process may hold the
+model, and the argmax of the teacher-forced range chain (certify/streamed.py) when one is given;
+then 8 sessions at once (batched together inside each worker) must each keep its solo tokens.
 """
 
 from __future__ import annotations
@@ -40,46 +41,66 @@ def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int,
 
 def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, worker: Path, greedy: Path,
                  tokens: int = 64, nodes: int = 3, n_layer: int, log: Callable[[str], None] = print,
-                 cuts: Optional[Sequence[tuple[int, int]]] = None, matmul_activations: str = "quantized") -> dict:
-    """{"cuts", "prompts": [{"equal", "first_difference"}...], "route_equal", "concurrent": {...}}.
-    `cuts` (default: `nodes` even ranges) are the nodes' layer ranges; `matmul_activations` the
-    recipe's, on the nodes and the baseline alike."""
+                 cuts: Optional[Sequence[tuple[int, int]]] = None, matmul_activations: str = "quantized",
+                 single_process: bool = True,
+                 teacher_forced: Optional[Callable[[Sequence[int], list[int]], dict]] = None,
+                 node_prefixes: Optional[Sequence[Sequence[str]]] = None) -> dict:
+    """{"cuts", "prompts": [{"equal", "first_difference", "teacher_forced"}...], "route_equal",
+    "concurrent": {...}}. `cuts` (default: `nodes` even ranges) are the nodes' layer ranges;
+    `matmul_activations` the recipe's, on the nodes and the baseline alike. The route's tokens
+    must equal single-process llama.cpp's (`single_process`: only where one process may hold the
+    whole model) and pass `teacher_forced(prompt, tokens)` (its "equal"), when given: the check
+    that needs no whole-model process. The concurrent sessions must keep the solo tokens (the
+    single process's, else the route's own solo runs). `node_prefixes`: a command prefix per
+    node (a memory cgroup)."""
     cuts = list(cuts) if cuts is not None else even_cuts(n_layer, nodes)
-    baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens, matmul_activations) for ids in prompts]
-    log(f"single-process llama.cpp: {len(prompts)} prompts x {tokens} greedy tokens")
-    result: dict = {"cuts": cuts, "tokens": tokens, "prompts": []}
+    baseline = None
+    if single_process:
+        baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens, matmul_activations) for ids in prompts]
+        log(f"single-process llama.cpp: {len(prompts)} prompts x {tokens} greedy tokens")
+    result: dict = {"cuts": cuts, "tokens": tokens, "prompts": [], "single_process": single_process}
     with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as tmp:
         try:
             with LocalSwarm(Path(tmp), gguf, cuts, model=model, backend="gguf", worker_binary=worker,
                             max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
-                            max_ban_seconds=MAX_BAN_SECONDS, matmul_activations=matmul_activations) as swarm, \
+                            max_ban_seconds=MAX_BAN_SECONDS, matmul_activations=matmul_activations,
+                            node_prefixes=node_prefixes or ()) as swarm, \
                     swarm.client() as tracker:
                 log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
 
                 def run(ids: Sequence[int]) -> list[int]:
                     return list(RouteClient(tracker, model).generate(list(ids), GenerationParams(max_tokens=tokens)))
 
-                for ids, expected in zip(prompts, baseline):
-                    got = run(ids)
-                    first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
-                                 None if len(got) == len(expected) else min(len(got), len(expected)))
-                    result["prompts"].append({"prompt_tokens": len(ids), "equal": got == expected,
-                                              "first_difference": first})
-                result["route_equal"] = all(p["equal"] for p in result["prompts"])
-                log(f"route parity: {sum(p['equal'] for p in result['prompts'])}/{len(prompts)} prompts identical")
+                solo = [run(ids) for ids in prompts]
                 batch = [prompts[i % len(prompts)] for i in range(CONCURRENT_SESSIONS)]
                 started = time.monotonic()
                 with ThreadPoolExecutor(max_workers=CONCURRENT_SESSIONS) as pool:
                     together = list(pool.map(run, batch))
-                solo = [baseline[i % len(prompts)] for i in range(CONCURRENT_SESSIONS)]
-                equal = sum(a == b for a, b in zip(together, solo))
-                result["concurrent"] = {"sessions": CONCURRENT_SESSIONS, "identical_to_solo": equal,
-                                        "seconds": round(time.monotonic() - started, 2)}
-                result["concurrent_equal"] = equal == CONCURRENT_SESSIONS
-                log(f"{CONCURRENT_SESSIONS} concurrent sessions: {equal}/{CONCURRENT_SESSIONS} identical to solo")
+                seconds = round(time.monotonic() - started, 2)
         except BaseException:
             _log_tails(Path(tmp), log)  # before the folder goes
             raise
+    for i, (ids, got) in enumerate(zip(prompts, solo)):
+        entry: dict = {"prompt_tokens": len(ids), "equal": True, "first_difference": None}
+        if baseline is not None:
+            expected = baseline[i]
+            first = next((j for j, (a, b) in enumerate(zip(got, expected)) if a != b),
+                         None if len(got) == len(expected) else min(len(got), len(expected)))
+            entry.update(equal=got == expected, first_difference=first)
+        if teacher_forced is not None:
+            entry["teacher_forced"] = teacher_forced(ids, got)
+            entry["equal"] = entry["equal"] and entry["teacher_forced"]["equal"]
+        result["prompts"].append(entry)
+    result["route_equal"] = all(p["equal"] for p in result["prompts"])
+    against = "single-process llama.cpp" if baseline is not None else ""
+    against += (" and " if against and teacher_forced else "") + ("the teacher-forced range chain" if teacher_forced else "")
+    log(f"route parity: {sum(p['equal'] for p in result['prompts'])}/{len(prompts)} prompts identical to {against}")
+    reference = baseline if baseline is not None else solo
+    expected_together = [reference[i % len(prompts)] for i in range(CONCURRENT_SESSIONS)]
+    equal = sum(a == b for a, b in zip(together, expected_together))
+    result["concurrent"] = {"sessions": CONCURRENT_SESSIONS, "identical_to_solo": equal, "seconds": seconds}
+    result["concurrent_equal"] = equal == CONCURRENT_SESSIONS
+    log(f"{CONCURRENT_SESSIONS} concurrent sessions: {equal}/{CONCURRENT_SESSIONS} identical to solo")
     return result
 
 

@@ -52,10 +52,11 @@ def agreements(gguf: Path, dump_logits: Path, ids: Sequence[int], flag_sets: Seq
     gguf = Path(gguf).resolve()
     with torch.no_grad():
         reference = load_model(gguf)(torch.tensor([list(ids)])).logits[0].float()
-    return [_compare(reference, llama_cpp_logits(dump_logits, gguf, ids, flags)) for flags in flag_sets]
+    return [compare(reference, llama_cpp_logits(dump_logits, gguf, ids, flags)) for flags in flag_sets]
 
 
-def _compare(reference: torch.Tensor, gguf_logits: torch.Tensor) -> dict:
+def compare(reference: torch.Tensor, gguf_logits: torch.Tensor) -> dict:
+    """Per position, argmax agreement and KL(reference || llama.cpp) over the full vocabulary."""
     if gguf_logits.shape != reference.shape:
         raise ValueError(f"logit shapes differ: Transformers {tuple(reference.shape)}, "
                          f"llama.cpp {tuple(gguf_logits.shape)}")

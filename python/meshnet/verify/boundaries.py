@@ -8,10 +8,11 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
+from meshnet.memory_cap import CappedRunner
 from meshnet.recipe.model_files import ModelFiles
 from meshnet.recipe.recipe import engine_tool_flags
 
@@ -36,12 +37,14 @@ def run_chain(binary: Path, gguf: Path, tokens: Sequence[int], chain: str, batch
 
 
 def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges: Sequence[tuple[int, int]],
-                 batch: str, threads: int, matmul_activations: str = "quantized") -> dict:
+                 batch: str, threads: int, matmul_activations: str = "quantized",
+                 runner: Optional[CappedRunner] = None) -> dict:
     """`run_chain`'s result for the chain `ranges` (contiguous, the last owning the output), computed
     one process per piece (`ModelFiles.pieces`: a range split where the model's files split), each
     taking the previous piece's rows (--input-rows) and opening only its own range's file: no
     process holds more than one piece of the model. Same bytes as `run_chain` (each piece's
-    process runs the same chunks as that range does in the whole chain)."""
+    process runs the same chunks as that range does in the whole chain). `runner`: where each
+    process runs (certification caps and measures them); plain subprocesses when None."""
     if any(a[1] != b[0] for a, b in zip(ranges, ranges[1:])) or ranges[-1][1] != model.n_layer:
         raise BoundariesError(f"ranges {list(ranges)} are not a contiguous chain ending at layer {model.n_layer}")
     n = len(tokens)
@@ -56,7 +59,7 @@ def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges:
             for j, piece in enumerate(pieces):
                 prefix = Path(tmp) / f"range{i}.piece{j}"
                 _run(binary, matmul_activations, given, piece.path, prefix, f"{piece.start}:{piece.end}", batch,
-                     threads, tokens)
+                     threads, tokens, runner)
                 given = ["--input-rows", f"{prefix}.0.f32"]
             if end < model.n_layer:
                 rows.append(np.fromfile(given[1], dtype=np.float32).reshape(n, -1))
@@ -65,9 +68,12 @@ def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges:
 
 
 def _run(binary: Path, matmul_activations: str, flags: list[str], gguf: Path, prefix: Path, chain: str, batch: str,
-         threads: int, tokens: Sequence[int]) -> None:
-    proc = subprocess.run([str(binary), *engine_tool_flags(matmul_activations), *flags, str(gguf), str(prefix), chain,
-                           batch, str(threads), *map(str, tokens)],
-                          capture_output=True, text=True)
+         threads: int, tokens: Sequence[int], runner: Optional[CappedRunner] = None) -> None:
+    command = [str(binary), *engine_tool_flags(matmul_activations), *flags, str(gguf), str(prefix), chain, batch,
+               str(threads), *map(str, tokens)]
+    if runner is not None:
+        proc = runner.run(f"llama.cpp layers {chain} ({len(tokens)} positions)", command)
+    else:
+        proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BoundariesError(f"dump_boundaries exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
