@@ -35,9 +35,12 @@ def cgroup_problem() -> Optional[str]:
     """Why processes cannot be capped here, or None when they can."""
     if os.geteuid() != 0:
         return "not root: capping a process's memory needs a cgroup"
-    if (MEMORY_V1 / "memory.limit_in_bytes").exists() or _v2_root() is not None:
-        return None
-    return "no cgroup memory controller (v1 memory or v2) is mounted"
+    root = MEMORY_V1 if (MEMORY_V1 / "memory.limit_in_bytes").exists() else _v2_root()
+    if root is None:
+        return "no cgroup memory controller (v1 memory or v2) is mounted"
+    if not os.access(root, os.W_OK):
+        return f"{root} is not writable here (a sandbox's read-only view of the cgroup tree)"
+    return None
 
 
 class MemoryCap:

@@ -30,10 +30,11 @@ from meshnet.recipe.model_files import ModelFiles
 from meshnet.verify import boundaries
 
 MIB = 1 << 20
-# What a reference process holds besides its range's fp32 weights, estimated before any capped
-# run (Python with torch and Transformers loaded, one tensor being dequantized, activations and
-# logits of a few hundred positions); ranges are planned with it, never checked against it.
-REFERENCE_OVERHEAD = 512 * MIB
+# What a reference process holds besides its range's fp32 weights (Python with torch and
+# Transformers loaded, one tensor being dequantized, activations and logits of a few hundred
+# positions), set before any capped run from an uncapped one: SmolLM2's [0, 10) process peaked at
+# 743 MB VmHWM with 253 MB of fp32 weights. Ranges are planned with it, never checked against it.
+REFERENCE_OVERHEAD = 768 * MIB
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
+from meshnet.memory_cap import CappedRunner
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.model_files import open_model_files
@@ -98,10 +99,12 @@ class Replayer:
     process per route range, each opening that range only: peak memory follows the largest
     range, not the model), under the recipe each audit job names (`matmul_activations`)."""
 
-    def __init__(self, dump_boundaries: Path, model: Path, threads: int = 2) -> None:
+    def __init__(self, dump_boundaries: Path, model: Path, threads: int = 2,
+                 runner: Optional[CappedRunner] = None) -> None:
         """`model`: the certified GGUF, whole, or the parts record its per-range files came with
-        (`cut_model`); ValueError if it is neither."""
-        self._binary, self._threads = dump_boundaries, threads
+        (`cut_model`); ValueError if it is neither. `runner`: where the replay's processes run
+        (each in a capped cgroup, their peaks recorded); plain subprocesses when None."""
+        self._binary, self._threads, self._runner = dump_boundaries, threads, runner
         self._model = open_model_files(model)
         self.artifact = self._model.artifact  # the one artifact it replays
         self._summary = gguf_summary(self._model.files[0].path)  # a part's summary is its source's
@@ -131,7 +134,7 @@ class Replayer:
         `matmul_activations`: the certified recipe's (ADR 0012; `job_matmul_activations`)."""
         try:
             return boundaries.run_streamed(self._binary, self._model, tokens, layers, str(len(tokens)), self._threads,
-                                           matmul_activations)
+                                           matmul_activations, self._runner)
         except boundaries.BoundariesError as err:
             raise AuditError(f"replay failed: {err}") from None
 

@@ -1,0 +1,142 @@
+"""Issue 29, point 6: certification and audits of a model under a per-process memory cap that
+its fp32 form does not fit. The synthetic ~1.07B Llama Q4_0 (//tools:synthetic_model, cached; its
+fp32 form is 4.3 GB) with every process capped at 1.5 GiB, each in its own memory cgroup:
+
+- //python:certify --max-memory 1.5G passes: route parity against the teacher-forced llama.cpp
+  range chain, 8 concurrent sessions equal to solo, teacher-forced top-1 against Transformers
+  fp32 computed range by range, memory proportional; no process over the cap, none killed, and
+  none of them loads the whole model;
+- the old path, Transformers fp32 loading the whole model in one process, is OOM-killed under the
+  same cap;
+- the verifier, replaying range by range under the same cap, passes an honest session and
+  refutes a cheating hop (noise of 10% of each row's RMS), which the tracker then quarantines.
+
+Root only, with a cgroup memory controller; skipped with the reason otherwise. Writes its report
+to $TEST_UNDECLARED_OUTPUTS_DIR/capped_trust.json and prints it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.memory_cap import CappedRunner, MemoryCap, cgroup_problem
+from meshnet.recipe.fingerprint import gguf_summary
+from meshnet.reference.model import load_tokenizer
+from meshnet.swarm.local import LocalSwarm, even_cuts
+from meshnet.verify import audit, commitment, verifier
+from route_cases import PROMPTS
+from synthetic_model import DEFAULT_CACHE, build  # tools/synthetic_model.py
+
+pytestmark = pytest.mark.skipif(cgroup_problem() is not None, reason=str(cgroup_problem()))
+
+GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
+WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
+DUMP_BOUNDARIES = Path(os.environ["MESHNET_DUMP_BOUNDARIES"]).resolve()
+TOOLS = os.environ["MESHNET_CERTIFY_TOOLS"].split()
+CAP = 3 * (1 << 30) // 2  # 1.5 GiB per process
+MODEL = "synthetic-1b"
+TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    record = build(DEFAULT_CACHE, 0, GGUF, Path(os.environ["MESHNET_CONVERTER"]), Path(os.environ["MESHNET_QUANTIZE"]))
+    return Path(record["path"])
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    out: dict = {"cap_bytes": CAP}
+    yield out
+    print(json.dumps(out, indent=1))
+    folder = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR")
+    if folder:
+        Path(folder, "capped_trust.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+def test_certification_passes_with_every_process_under_the_cap(model, tmp_path, report):
+    assert model.stat().st_size < CAP < 4 * 1.07e9  # the quantized file fits a process; its fp32 form does not
+    report_file = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "meshnet.certify.main", "--gguf", str(model), "--model", MODEL,
+                           "--report", str(report_file), "--max-memory", str(CAP), *TOOLS],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+                          timeout=3600)
+    print(proc.stderr[-6000:])
+    certified = json.loads(report_file.read_text())
+    report["certification"] = {k: certified[k] for k in ("checks", "passed", "seconds", "teacher_forced",
+                                                         "processes", "node_memory", "largest_process_peak_bytes")}
+    assert certified["passed"] and proc.returncode == 0, certified["checks"]
+    assert not certified["whole_model_processes"] and not certified["route"]["single_process"]
+    assert all(p["teacher_forced"]["equal"] for p in certified["route"]["prompts"])
+    assert len(certified["teacher_forced"]["reference_ranges"]) > len(certified["route"]["cuts"])  # fp32 is 4x
+    for process in certified["processes"]:
+        assert process["exit_code"] == 0 and not process["oom_killed"], process
+        assert process["cgroup_peak_bytes"] <= CAP, process
+    for node in certified["node_memory"]:
+        assert node["oom_kills"] == 0 and node["cgroup_peak_bytes"] <= CAP, node
+
+
+def test_the_whole_model_reference_is_killed_under_the_same_cap(model, report):
+    runner = CappedRunner(CAP, "big-whole-reference")
+    proc = runner.run("Transformers fp32, whole model", [
+        sys.executable, "-c", "import sys; from meshnet.reference.model import load_model; load_model(sys.argv[1])",
+        str(model)], timeout=1800)
+    [record] = runner.records
+    report["whole_model_reference"] = {"exit_code": record.exit_code, "oom_killed": record.oom_killed,
+                                       "cgroup_peak_bytes": record.cgroup_peak_bytes, "seconds": record.seconds}
+    assert record.oom_killed and proc.returncode != 0, proc.stderr[-2000:]
+
+
+def test_a_cheater_is_refuted_and_quarantined_by_a_capped_verifier(model, tmp_path, report):
+    cuts = even_cuts(gguf_summary(model).n_layer, 3)
+    caps = [MemoryCap(f"big-node{i}", CAP) for i in range(len(cuts) + 1)]
+    tokenizer = load_tokenizer(GGUF)  # the synthetic model has SmolLM2's vocabulary
+    runner = CappedRunner(CAP, "big-verifier")
+    replayers = (audit.Replayer(DUMP_BOUNDARIES, model, 2, runner), audit.Replayer(DUMP_BOUNDARIES, model, 1, runner))
+    tolerance = commitment.tolerance_from_calibration(os.environ["MESHNET_CALIBRATION"])
+    swarm = LocalSwarm(tmp_path / "swarm", model, cuts, model=MODEL, backend="gguf", worker_binary=WORKER, threads=1,
+                       max_sessions=2, max_kv_tokens=1024, node_prefixes=[cap.prefix for cap in caps[:-1]])
+    swarm.tracker.audit_rate, swarm.tracker.audit_seed = 1.0, 1
+    try:
+        with swarm:
+            def audited_session(prompt: str) -> tuple[list[str], list]:
+                with swarm.client() as tracker:
+                    session = RouteClient(tracker, MODEL)
+                    hops: list[str] = []
+                    for _ in session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=TOKENS)):
+                        hops = hops or [h.node.node_id for h in session._connection.hops]
+                    reports = []
+                    while (reply := tracker.take_audit(replayers[0].artifact)).job is not None:
+                        reports.append(verifier.run_audit(reply.job, replayers, tolerance, positions=16,
+                                                          seed=reply.job.audit_id))
+                        tracker.report_audit(reports[-1])
+                return hops, reports
+
+            _, honest = audited_session(PROMPTS[0])
+            assert [r.passed for r in honest] == [True], [r.evidence for r in honest]
+            swarm.nodes[swarm.ids["node-1"]].stop()  # the cheater alone serves the middle range
+            cheater = swarm.add_node("cheat", cuts[1], prefix=caps[-1].prefix, extra_args=["--cheat", "noise:0.1"])
+            refuted: list = []
+            for prompt in PROMPTS[1:4]:  # the calibration's p per audited session for this cheat is 0.954
+                hops, reports = audited_session(prompt)
+                assert cheater.node_id in hops
+                refuted = [r for r in reports if not r.passed]
+                if refuted:
+                    break
+            assert refuted and refuted[0].culprit_node_id == cheater.node_id, [r.evidence for r in refuted]
+            with swarm.client() as tracker:
+                assert cheater.node_id in tracker.coverage(MODEL).quarantined_node_ids
+        report["audit"] = {"honest_passed": True, "cheater_refuted": True, "verifier_processes": [
+            {"what": r.what, "cgroup_peak_bytes": r.cgroup_peak_bytes, "oom_killed": r.oom_killed}
+            for r in runner.records], "node_peaks_bytes": [cap.peak() for cap in caps]}
+        assert all(r.exit_code == 0 and not r.oom_killed and r.cgroup_peak_bytes <= CAP for r in runner.records)
+        assert all(cap.oom_kills() == 0 for cap in caps)
+    finally:
+        for cap in caps:
+            cap.remove()
