@@ -25,7 +25,7 @@ def test_a_process_over_its_cap_is_killed_and_one_under_it_is_not():
     assert over.returncode != 0 and runner.records[0].oom_killed
     assert under.returncode == 0 and under.stdout.strip() == "held" and not runner.records[1].oom_killed
     assert 50 * MIB < runner.records[1].cgroup_peak_bytes <= 200 * MIB
-    assert 50 * MIB < runner.records[1].peak_rss_bytes < 200 * MIB
+    assert runner.records[1].peak_rss_bytes < 200 * MIB  # sampled: a 0.1 s process may be seen before its peak
 
 
 def test_uncapped_runs_are_measured_not_limited():
