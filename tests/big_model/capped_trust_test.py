@@ -2,9 +2,9 @@
 its fp32 form does not fit. The synthetic ~1.07B Llama Q4_0 (//tools:synthetic_model, cached; its
 fp32 form is 4.3 GB) with every process capped at 1.5 GiB, each in its own memory cgroup:
 
-- //python:certify --max-memory 1.5G passes (16 greedy tokens per prompt, not 64, for time):
-  route parity against the teacher-forced llama.cpp range chain, 8 concurrent sessions equal to
-  solo, teacher-forced top-1 against Transformers
+- //python:certify --max-memory 1.5G --no-whole-model --matmul-activations f32 passes (4 greedy
+  tokens per prompt, not 64, for time: CERTIFY_TOKENS): route parity against the teacher-forced
+  llama.cpp range chain, 8 concurrent sessions equal to solo, teacher-forced top-1 against Transformers
   fp32 computed range by range, memory proportional; no process over the cap, none killed, and
   none of them loads the whole model;
 - the old path, Transformers fp32 loading the whole model in one process, is OOM-killed under the
@@ -43,10 +43,13 @@ TOOLS = os.environ["MESHNET_CERTIFY_TOOLS"].split()
 CAP = 3 * (1 << 30) // 2  # 1.5 GiB per process
 MODEL = "synthetic-1b"
 TOKENS = 12
-# Greedy tokens per prompt in the certification's route checks: the suite's 64 would take a
-# quarter of an hour here (a 1.07B route decodes at about 1 token/s on 2 cores), so CI runs 16;
-# the full suite runs on the 8B in docs/evidence/big-model/.
-CERTIFY_TOKENS = 16
+# The certification's recipe: F32 matmul activations (ADR 0012). With llama.cpp's quantized
+# activations this random-weight model's near-tied logits give a teacher-forced top-1 of 0.9219
+# against Transformers fp32 (measured under this cap, 256 positions; mean KL 0.00068), under the
+# 0.98 bar. F32 activations decode several times slower, so the route checks run 4 greedy
+# tokens per prompt here, not the suite's 64 (a 1.07B route on 2 cores would take most of an
+# hour): the range chain, the caps and the teacher-forced reference are what this test is for.
+CERTIFY_TOKENS = 4
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,7 @@ def test_certification_passes_with_every_process_under_the_cap(model, tmp_path, 
     report_file = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "meshnet.certify.main", "--gguf", str(model), "--model", MODEL,
                            "--report", str(report_file), "--max-memory", str(CAP), "--tokens", str(CERTIFY_TOKENS),
-                           *TOOLS],
+                           "--no-whole-model", "--matmul-activations", "f32", *TOOLS],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
                           timeout=3600)
     print(proc.stderr[-6000:])
@@ -78,7 +81,8 @@ def test_certification_passes_with_every_process_under_the_cap(model, tmp_path, 
     report["certification"] = {k: certified[k] for k in ("checks", "passed", "seconds", "teacher_forced",
                                                          "processes", "node_memory", "largest_process_peak_bytes")}
     assert certified["passed"] and proc.returncode == 0, certified["checks"]
-    assert not certified["whole_model_processes"] and not certified["route"]["single_process"]
+    assert not certified["whole_model_processes"] and not certified["route"]["single_process"]  # --no-whole-model
+    assert certified["memory"]["whole"] is None and certified["memory"]["kv_sum_equals_whole"] is None
     assert all(p["teacher_forced"]["equal"] for p in certified["route"]["prompts"])
     assert len(certified["teacher_forced"]["reference_ranges"]) > len(certified["route"]["cuts"])  # fp32 is 4x
     for process in certified["processes"]:
@@ -117,7 +121,8 @@ def test_a_cheater_is_refuted_and_quarantined_by_a_capped_verifier(model, tmp_pa
                     hops: list[str] = []
                     for _ in session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=TOKENS)):
                         hops = hops or [h.node.node_id for h in session._connection.hops]
-                    reports = []
+                reports = []
+                with swarm.tracker.client("verifier") as tracker:
                     while (reply := tracker.take_audit(replayers[0].artifact)).job is not None:
                         reports.append(verifier.run_audit(reply.job, replayers, tolerance, positions=16,
                                                           seed=reply.job.audit_id))

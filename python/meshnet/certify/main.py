@@ -102,15 +102,16 @@ def run_suite(args: argparse.Namespace, log) -> dict:
     model = open_model_files(gguf)
     cuts = even_cuts(summary.n_layer, NODES)
     runner = CappedRunner(args.max_memory, "certify")
-    whole = whole_model_fits(gguf, args.max_memory)
+    whole = not args.no_whole_model and whole_model_fits(gguf, args.max_memory)
     tokenizer = LlamaCppTokenizer(gguf, args.tokenize_binary)
     prompts = tokenizer.encode_many(PARITY_PROMPTS)
     report: dict = {"suite": SUITE, "model": args.model, "architecture": summary.architecture,
                     "n_layer": summary.n_layer, "gguf": str(gguf), "matmul_activations": args.matmul_activations,
                     "max_memory_bytes": args.max_memory, "whole_model_processes": whole}
     if not whole:
-        log(f"--max-memory {args.max_memory / MIB:.0f} MiB: no process loads the whole model "
-            f"({gguf.stat().st_size / MIB:.0f} MiB file); every check runs range by range")
+        log(f"{'--no-whole-model' if args.no_whole_model else f'--max-memory {args.max_memory / MIB:.0f} MiB'}: "
+            f"no process loads the whole model ({gguf.stat().st_size / MIB:.0f} MiB file); every check runs range "
+            "by range")
     started = time.monotonic()
     node_caps = [MemoryCap(f"certify-node{i}", args.max_memory) for i in range(len(cuts))] if args.max_memory else []
     try:
@@ -190,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="cap every process of the suite (each in its own memory cgroup; root) at this size, "
                              "e.g. 1.5G: Transformers runs as many layers per process as fit, and nothing loads the "
                              "whole model unless it fits with room to spare; the report gives each process's peak")
+    parser.add_argument("--no-whole-model", action="store_true",
+                        help="never load the whole model in one process, even where it would fit (what happens "
+                             "past --max-memory; single-process llama.cpp is then not compared)")
     for tool in ("worker-binary", "greedy-binary", "dump-logits", "dump-boundaries", "measure-shard",
                  "tokenize-binary"):
         parser.add_argument(f"--{tool}", type=Path, required=True, help="set by bazel run")
