@@ -91,6 +91,17 @@ class MemoryCap:
                 time.sleep(0.1)
 
 
+def evict_from_page_cache(path: Path) -> None:
+    """Drops the file's clean pages from the page cache, so the next process that reads them is
+    charged for them (a cgroup pays for the page cache it faults in, not for what is cached)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def peak_rss_bytes(pid: int) -> Optional[int]:
     """VmHWM (peak resident set) of a live process, bytes; None once it is gone."""
     try:
@@ -148,8 +159,14 @@ class CappedRunner:
         self.limit, self.name = limit, name
         self.records: list[ProcessRecord] = []
 
-    def run(self, what: str, command: Sequence[str], timeout: Optional[float] = None) -> subprocess.CompletedProcess:
-        """The command's CompletedProcess (text output captured); its record is appended."""
+    def run(self, what: str, command: Sequence[str], timeout: Optional[float] = None,
+            reads: Sequence[Path] = ()) -> subprocess.CompletedProcess:
+        """The command's CompletedProcess (text output captured); its record is appended. `reads`:
+        the files it maps or reads, evicted from the page cache first, so that its cgroup is
+        charged for every page of them it touches (as on a machine of its own), not only for
+        those no earlier process had cached."""
+        for path in reads:
+            evict_from_page_cache(path)
         cap = MemoryCap(self.name, self.limit) if self.limit is not None or cgroup_problem() is None else None
         started = time.monotonic()
         try:

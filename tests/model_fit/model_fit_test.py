@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from meshnet.client.session import GenerationParams, RouteClient
-from meshnet.memory_cap import MemoryCap, cgroup_problem, peak_rss_bytes
+from meshnet.memory_cap import MemoryCap, cgroup_problem, evict_from_page_cache, peak_rss_bytes
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.gguf_header import read_header
 from meshnet.reference.model import load_tokenizer
@@ -61,17 +61,6 @@ def report() -> dict:
     folder = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR")
     if folder:
         Path(folder, "model_fit.json").write_text(json.dumps(out, indent=1) + "\n")
-
-
-def evict_from_page_cache(path: Path) -> None:
-    """Drops the file's clean pages from the page cache, so the next process that reads them is
-    charged for them (a cgroup pays for the page cache it faults in, not for what is cached)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def node_kv_bytes(path: Path, layers: int) -> int:

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -49,10 +50,11 @@ from meshnet.certify.teacher_forced import llama_cpp_logits as whole_logits
 from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.recipe import certify as entries
 from meshnet.recipe.adapters import has_adapter, layer_range_adapters
+from meshnet.recipe.cut_model import cut
 from meshnet.memory_cap import CappedRunner, MemoryCap, cgroup_problem
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.gguf_header import read_header
-from meshnet.recipe.model_files import open_model_files
+from meshnet.recipe.model_files import ModelFiles, open_model_files
 from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, engine_tool_flags
 from meshnet.swarm.local import even_cuts
 
@@ -96,73 +98,104 @@ def whole_model_fits(gguf: Path, max_memory: Optional[int]) -> bool:
     return max_memory is None or gguf.stat().st_size * WHOLE_MODEL_MARGIN + WHOLE_MODEL_SLACK <= max_memory
 
 
+@dataclasses.dataclass
+class _Setup:
+    """What every step of a suite run works from."""
+
+    gguf: Path
+    n_layer: int
+    cuts: list[tuple[int, int]]  # the nodes' ranges, and the llama.cpp side's process ranges
+    model: ModelFiles  # where each range's tensors are: the GGUF, or its per-range parts when capped
+    runner: CappedRunner  # every process but the nodes runs through it
+    whole: bool  # whether any process may load the whole model
+    tokenizer: LlamaCppTokenizer
+
+
 def run_suite(args: argparse.Namespace, log) -> dict:
-    gguf = args.gguf
-    summary = gguf_summary(gguf)
-    model = open_model_files(gguf)
-    cuts = even_cuts(summary.n_layer, NODES)
-    runner = CappedRunner(args.max_memory, "certify")
-    whole = not args.no_whole_model and whole_model_fits(gguf, args.max_memory)
-    tokenizer = LlamaCppTokenizer(gguf, args.tokenize_binary)
-    prompts = tokenizer.encode_many(PARITY_PROMPTS)
-    report: dict = {"suite": SUITE, "model": args.model, "architecture": summary.architecture,
-                    "n_layer": summary.n_layer, "gguf": str(gguf), "matmul_activations": args.matmul_activations,
-                    "max_memory_bytes": args.max_memory, "whole_model_processes": whole}
-    if not whole:
-        log(f"{'--no-whole-model' if args.no_whole_model else f'--max-memory {args.max_memory / MIB:.0f} MiB'}: "
-            f"no process loads the whole model ({gguf.stat().st_size / MIB:.0f} MiB file); every check runs range "
-            "by range")
-    started = time.monotonic()
-    node_caps = [MemoryCap(f"certify-node{i}", args.max_memory) for i in range(len(cuts))] if args.max_memory else []
+    with tempfile.TemporaryDirectory(prefix="meshnet-certify-parts-") as parts_dir:
+        gguf = args.gguf
+        summary = gguf_summary(gguf)
+        cuts = even_cuts(summary.n_layer, NODES)
+        model, parts = open_model_files(gguf), []
+        if args.max_memory is not None:  # each capped process reads its own file, as on its own machine
+            log(f"cutting {gguf.name} into per-range parts {cuts} for the capped processes")
+            parts = [p["file"] for p in cut(gguf, cuts, Path(parts_dir), progress=lambda m: log(f"  {m}"))["parts"]]
+            model = open_model_files(Path(parts_dir) / f"{gguf.stem}.parts.json")
+        setup = _Setup(gguf, summary.n_layer, cuts, model, CappedRunner(args.max_memory, "certify"),
+                       not args.no_whole_model and whole_model_fits(gguf, args.max_memory),
+                       LlamaCppTokenizer(gguf, args.tokenize_binary))
+        report: dict = {"suite": SUITE, "model": args.model, "architecture": summary.architecture,
+                        "n_layer": summary.n_layer, "gguf": str(gguf), "matmul_activations": args.matmul_activations,
+                        "max_memory_bytes": args.max_memory, "whole_model_processes": setup.whole, "parts": parts}
+        if not setup.whole:
+            log(f"{'--no-whole-model' if args.no_whole_model else f'--max-memory {args.max_memory / MIB:.0f} MiB'}"
+                f": no process loads the whole model ({gguf.stat().st_size / MIB:.0f} MiB file); every check runs "
+                "range by range")
+        started = time.monotonic()
+        report["route"], report["node_memory"] = _route_checks(args, setup, log)
+        report.update(_teacher_forced_checks(args, setup, log))
+        log("memory: each range in its own process" + (" and the whole model" if setup.whole else ""))
+        report["memory"] = shard_memory(args.measure_shard, gguf, cuts, whole=setup.whole, runner=setup.runner)
+        report["processes"] = [dataclasses.asdict(r) for r in setup.runner.records]
+        peaks = [r.cgroup_peak_bytes or r.peak_rss_bytes for r in setup.runner.records]
+        peaks += [n["cgroup_peak_bytes"] or 0 for n in report["node_memory"]]
+        report["largest_process_peak_bytes"] = max(peaks)
+        log(f"{len(setup.runner.records)} processes besides the nodes; the largest peak of any (nodes included) was "
+            f"{max(peaks) / MIB:.0f} MiB" + (f" under a cap of {args.max_memory / MIB:.0f} MiB" if args.max_memory
+                                             else ""))
+        report["checks"] = {
+            "route_parity": report["route"]["route_equal"],
+            "concurrent_sessions": report["route"]["concurrent_equal"],
+            "teacher_forced_top1": report["teacher_forced"]["top1_agreement"] >= TOP1_MIN,
+            "memory_proportional": report["memory"]["proportional"],
+        }
+        report["passed"] = all(report["checks"].values())
+        report["seconds"] = round(time.monotonic() - started, 1)
+        return report
+
+
+def _route_checks(args: argparse.Namespace, setup: _Setup, log) -> tuple[dict, list[dict]]:
+    """Route parity and concurrency on nodes in their own capped cgroups (when capped), each
+    serving its own part; (the route report, each node's cgroup peak)."""
+    capped = args.max_memory is not None
+    caps = [MemoryCap(f"certify-node{i}", args.max_memory) for i in range(len(setup.cuts))] if capped else []
     try:
-        report["route"] = route_parity(
-            gguf, args.model, prompts, worker=args.worker_binary, greedy=args.greedy_binary, tokens=args.tokens,
-            nodes=NODES, n_layer=summary.n_layer, log=log, matmul_activations=args.matmul_activations,
-            single_process=whole, node_prefixes=[cap.prefix for cap in node_caps],
+        route = route_parity(
+            setup.gguf, args.model, setup.tokenizer.encode_many(PARITY_PROMPTS), worker=args.worker_binary,
+            greedy=args.greedy_binary, tokens=args.tokens, nodes=NODES, n_layer=setup.n_layer, log=log,
+            matmul_activations=args.matmul_activations, single_process=setup.whole,
+            node_prefixes=[cap.prefix for cap in caps], runner=setup.runner,
+            node_ggufs=[setup.model.pieces(*c)[0].path for c in setup.cuts] if capped else None,
             teacher_forced=lambda ids, got: greedy_matches_teacher_forced(
-                args.dump_boundaries, model, ids, got, cuts, args.matmul_activations, runner))
-        report["node_memory"] = [{"layers": list(cut), "cgroup_peak_bytes": cap.peak(), "oom_kills": cap.oom_kills()}
-                                 for cut, cap in zip(cuts, node_caps)]
+                args.dump_boundaries, setup.model, ids, got, setup.cuts, args.matmul_activations, setup.runner))
+        return route, [{"layers": list(c), "cgroup_peak_bytes": cap.peak(), "oom_kills": cap.oom_kills()}
+                       for c, cap in zip(setup.cuts, caps)]
     finally:
-        for cap in node_caps:
+        for cap in caps:
             cap.remove()
-    ids = sequence(tokenizer, args.positions)
-    ranges = reference_ranges(gguf, args.max_memory, cuts)
-    log(f"teacher-forced: Transformers fp32 (layer ranges {ranges}) against llama.cpp (layer ranges {cuts}) over "
-        f"{len(ids)} positions")
-    reference = reference_logits(gguf, ids, ranges, runner)
-    report["teacher_forced"] = {**compare(reference, llama_cpp_logits(args.dump_boundaries, model, ids, cuts,
-                                                                      args.matmul_activations, runner)),
-                                "reference_ranges": ranges}
-    log(f"  top-1 {report['teacher_forced']['top1_agreement']}, mean KL "
-        f"{report['teacher_forced']['mean_kl_transformers_to_gguf']}")
-    if args.diagnose_kernels and not whole:
-        log("  diagnostics skipped: they load the whole model in one process (over --max-memory)")
+
+
+def _teacher_forced_checks(args: argparse.Namespace, setup: _Setup, log) -> dict:
+    """{"teacher_forced": ...} and, with --diagnose-kernels where allowed, {"diagnostics": ...}."""
+    ids = sequence(setup.tokenizer, args.positions)
+    ranges = reference_ranges(setup.gguf, args.max_memory, setup.cuts)
+    log(f"teacher-forced: Transformers fp32 (layer ranges {ranges}) against llama.cpp (layer ranges {setup.cuts}) "
+        f"over {len(ids)} positions")
+    reference = reference_logits(setup.model, ids, ranges, setup.runner)
+    ours = llama_cpp_logits(args.dump_boundaries, setup.model, ids, setup.cuts, args.matmul_activations, setup.runner)
+    out: dict = {"teacher_forced": {**compare(reference, ours), "reference_ranges": ranges}}
+    log(f"  top-1 {out['teacher_forced']['top1_agreement']}, mean KL "
+        f"{out['teacher_forced']['mean_kl_transformers_to_gguf']}")
+    if args.diagnose_kernels and (not setup.whole or args.max_memory is not None):
+        log("  diagnostics skipped: they load the whole model in one process, outside any cap")
     elif args.diagnose_kernels:
-        diagnostics = kernel_diagnostics(args.matmul_activations)
-        report["diagnostics"] = {f"teacher_forced_{name}": compare(reference, whole_logits(args.dump_logits, gguf, ids,
-                                                                                             flags))
-                                 for name, flags in diagnostics.items()}
-        for name, m in report["diagnostics"].items():
+        out["diagnostics"] = {f"teacher_forced_{name}": compare(reference, whole_logits(args.dump_logits, setup.gguf,
+                                                                                          ids, flags))
+                              for name, flags in kernel_diagnostics(args.matmul_activations).items()}
+        for name, m in out["diagnostics"].items():
             log(f"  diagnostic, {name.removeprefix('teacher_forced_').replace('_', ' ')}: top-1 "
                 f"{m['top1_agreement']}, mean KL {m['mean_kl_transformers_to_gguf']}")
-    log("memory: each range in its own process" + (" and the whole model" if whole else ""))
-    report["memory"] = shard_memory(args.measure_shard, gguf, cuts, whole=whole, runner=runner)
-    report["processes"] = [dataclasses.asdict(r) for r in runner.records]
-    peaks = [r.cgroup_peak_bytes or r.peak_rss_bytes for r in runner.records]
-    peaks += [n["cgroup_peak_bytes"] or 0 for n in report["node_memory"]]
-    report["largest_process_peak_bytes"] = max(peaks)
-    log(f"{len(runner.records)} processes besides the nodes; the largest peak of any (nodes included) was "
-        f"{max(peaks) / MIB:.0f} MiB" + (f" under a cap of {args.max_memory / MIB:.0f} MiB" if args.max_memory else ""))
-    report["checks"] = {
-        "route_parity": report["route"]["route_equal"],
-        "concurrent_sessions": report["route"]["concurrent_equal"],
-        "teacher_forced_top1": report["teacher_forced"]["top1_agreement"] >= TOP1_MIN,
-        "memory_proportional": report["memory"]["proportional"],
-    }
-    report["passed"] = all(report["checks"].values())
-    report["seconds"] = round(time.monotonic() - started, 1)
-    return report
+    return out
 
 
 def write_entry(models: Path, entry: dict) -> None:

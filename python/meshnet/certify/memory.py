@@ -30,7 +30,7 @@ def measure(tool: Path, gguf: Path, start: int, end: int, runner: Optional[Cappe
     command = [str(tool), str(gguf), str(start), str(end)]
     if runner is not None:
         proc = runner.run(f"llama.cpp memory of layers {start}:{end}" if end >= 0 else "llama.cpp memory, whole model",
-                          command, timeout=600)
+                          command, timeout=600, reads=[gguf])
     else:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.memory_cap import CappedRunner, evict_from_page_cache
 from meshnet.recipe.recipe import engine_tool_flags
 from meshnet.swarm.local import LocalSwarm, even_cuts
 
@@ -30,12 +31,17 @@ LOG_TAIL_CHARS = 3000  # of each process's log, shown when the swarm fails
 
 
 def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int,
-                     matmul_activations: str = "quantized") -> list[int]:
+                     matmul_activations: str = "quantized", runner: Optional[CappedRunner] = None) -> list[int]:
     """The whole model's greedy tokens in one llama.cpp process (//cpp/engine:greedy: no layer
     range, upstream behaviour; with the recipe's matmul activations), the baseline a route must
-    match token for token."""
-    proc = subprocess.run([str(greedy), *engine_tool_flags(matmul_activations), str(gguf), str(tokens),
-                           *map(str, ids)], capture_output=True, text=True, check=True)
+    match token for token. `runner`: where it runs (capped, measured); a plain subprocess if None."""
+    command = [str(greedy), *engine_tool_flags(matmul_activations), str(gguf), str(tokens), *map(str, ids)]
+    if runner is None:
+        proc = subprocess.run(command, capture_output=True, text=True, check=True)
+    else:
+        proc = runner.run(f"llama.cpp whole model, {tokens} greedy tokens", command, reads=[gguf])
+        if proc.returncode != 0:
+            raise RuntimeError(f"single-process llama.cpp exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
 
 
@@ -44,7 +50,8 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
                  cuts: Optional[Sequence[tuple[int, int]]] = None, matmul_activations: str = "quantized",
                  single_process: bool = True,
                  teacher_forced: Optional[Callable[[Sequence[int], list[int]], dict]] = None,
-                 node_prefixes: Optional[Sequence[Sequence[str]]] = None) -> dict:
+                 node_prefixes: Optional[Sequence[Sequence[str]]] = None,
+                 node_ggufs: Optional[Sequence[Path]] = None, runner: Optional[CappedRunner] = None) -> dict:
     """{"cuts", "prompts": [{"equal", "first_difference", "teacher_forced"}...], "route_equal",
     "concurrent": {...}}. `cuts` (default: `nodes` even ranges) are the nodes' layer ranges;
     `matmul_activations` the recipe's, on the nodes and the baseline alike. The route's tokens
@@ -52,19 +59,23 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
     whole model) and pass `teacher_forced(prompt, tokens)` (its "equal"), when given: the check
     that needs no whole-model process. The concurrent sessions must keep the solo tokens (the
     single process's, else the route's own solo runs). `node_prefixes`: a command prefix per
-    node (a memory cgroup)."""
+    node (a memory cgroup); `node_ggufs`: the file each node serves from (its per-range part),
+    evicted from the page cache before the nodes start, so that each node's cgroup is charged
+    for the weights it reads; `runner`: where single-process llama.cpp runs."""
     cuts = list(cuts) if cuts is not None else even_cuts(n_layer, nodes)
     baseline = None
     if single_process:
-        baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens, matmul_activations) for ids in prompts]
+        baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens, matmul_activations, runner) for ids in prompts]
         log(f"single-process llama.cpp: {len(prompts)} prompts x {tokens} greedy tokens")
     result: dict = {"cuts": cuts, "tokens": tokens, "prompts": [], "single_process": single_process}
+    for path in node_ggufs or ():
+        evict_from_page_cache(path)
     with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as tmp:
         try:
             with LocalSwarm(Path(tmp), gguf, cuts, model=model, backend="gguf", worker_binary=worker,
                             max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
                             max_ban_seconds=MAX_BAN_SECONDS, matmul_activations=matmul_activations,
-                            node_prefixes=node_prefixes or ()) as swarm, \
+                            node_prefixes=node_prefixes or (), node_ggufs=node_ggufs or ()) as swarm, \
                     swarm.client() as tracker:
                 log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
 
@@ -92,8 +103,9 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
             entry["equal"] = entry["equal"] and entry["teacher_forced"]["equal"]
         result["prompts"].append(entry)
     result["route_equal"] = all(p["equal"] for p in result["prompts"])
-    against = "single-process llama.cpp" if baseline is not None else ""
-    against += (" and " if against and teacher_forced else "") + ("the teacher-forced range chain" if teacher_forced else "")
+    against = " and ".join(name for name, used in (("single-process llama.cpp", baseline is not None),
+                                                   ("the teacher-forced range chain", teacher_forced is not None))
+                           if used)
     log(f"route parity: {sum(p['equal'] for p in result['prompts'])}/{len(prompts)} prompts identical to {against}")
     reference = baseline if baseline is not None else solo
     expected_together = [reference[i % len(prompts)] for i in range(CONCURRENT_SESSIONS)]

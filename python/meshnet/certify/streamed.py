@@ -52,7 +52,8 @@ def fp32_bytes(gguf: Path) -> tuple[list[int], int]:
     return layers, vocab
 
 
-def reference_ranges(gguf: Path, max_memory: Optional[int], default: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+def reference_ranges(gguf: Path, max_memory: Optional[int],
+                     default: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """The reference's ranges: `default` when uncapped; else consecutive ranges, each as long as
     its fp32 weights (plus a vocabulary matrix for the first and the last) and
     REFERENCE_OVERHEAD fit in `max_memory`. ValueError when one layer alone does not fit."""
@@ -77,17 +78,18 @@ def reference_ranges(gguf: Path, max_memory: Optional[int], default: Sequence[tu
     return out
 
 
-def reference_logits(model_path: Path, ids: Sequence[int], ranges: Sequence[tuple[int, int]], runner: CappedRunner,
+def reference_logits(model: ModelFiles, ids: Sequence[int], ranges: Sequence[tuple[int, int]], runner: CappedRunner,
                      threads: int = 0) -> torch.Tensor:
-    """[len(ids), n_vocab] Transformers fp32 logits, one process per range."""
+    """[len(ids), n_vocab] Transformers fp32 logits, one process per range (each charged for the
+    pages of the files it reads)."""
     with tempfile.TemporaryDirectory(prefix="meshnet-reference-") as tmp:
         given: list[str] = []
         for i, (start, end) in enumerate(ranges):
             out = Path(tmp) / f"{i}.f32"
             proc = runner.run(f"Transformers fp32 layers {start}:{end} ({len(ids)} positions)", [
-                sys.executable, "-m", "meshnet.reference.range_reference", "--model", str(model_path),
+                sys.executable, "-m", "meshnet.reference.range_reference", "--model", str(model.source),
                 "--layers", f"{start}:{end}", "--tokens", ",".join(map(str, ids)), "--out", str(out),
-                "--threads", str(threads), *given])
+                "--threads", str(threads), *given], reads=[piece.path for piece in model.pieces(start, end)])
             if proc.returncode != 0:
                 raise RuntimeError(f"Transformers fp32 layers [{start}, {end}) exited {proc.returncode}"
                                    f"{' (killed: over its memory cap)' if runner.records[-1].oom_killed else ''}: "

@@ -47,7 +47,8 @@ def test_parts_keep_metadata_and_exactly_their_ranges_tensors(source, tmp_path):
         for name, field in whole_fields.items():  # every pair of the source, same type and value
             assert part.fields[name].types == field.types, name
             assert [bytes(p) for p in part.fields[name].parts] == [bytes(p) for p in field.parts], name
-        extra = {n: part.fields[n].contents() for n in part.fields if n not in whole_fields and not n.startswith("GGUF.")}
+        extra = {n: part.fields[n].contents() for n in part.fields
+                 if n not in whole_fields and not n.startswith("GGUF.")}
         assert extra == {range_part.SOURCE_ARTIFACT: fp.artifact_fingerprint(source), range_part.LAYER_START: start,
                          range_part.LAYER_END: end, range_part.TIED_EMBEDDINGS: fp.gguf_summary(source).tied_embeddings,
                          range_part.FILE_TYPE: fp.gguf_summary(source).file_type}

@@ -31,6 +31,7 @@ class ModelFiles:
     artifact: str  # "sha256:<hex>" of the whole model file
     n_layer: int
     files: tuple[RangeFile, ...]  # a whole file: one, [0, n_layer)
+    source: Path  # what it was opened from: the GGUF or the parts record
 
     def pieces(self, start: int, end: int) -> list[RangeFile]:
         """[start, end) as consecutive pieces, each within one file, as few as the files allow
@@ -60,7 +61,7 @@ def open_model_files(path: PathLike) -> ModelFiles:
     if part_of(path) is not None:
         raise ValueError(f"{path} is a per-range part: give its parts record (<stem>.parts.json) instead")
     n_layer = gguf_summary(path).n_layer
-    return ModelFiles(artifact_fingerprint(path), n_layer, (RangeFile(0, n_layer, path),))
+    return ModelFiles(artifact_fingerprint(path), n_layer, (RangeFile(0, n_layer, path),), path)
 
 
 def _open_record(path: Path) -> ModelFiles:
@@ -83,4 +84,4 @@ def _open_record(path: Path) -> ModelFiles:
         files.append(RangeFile(start, end, file))
     if not files:
         raise ValueError(f"{path}: the record lists no parts")
-    return ModelFiles(artifact, n_layer, tuple(files))
+    return ModelFiles(artifact, n_layer, tuple(files), path)

@@ -72,7 +72,7 @@ def _run(binary: Path, matmul_activations: str, flags: list[str], gguf: Path, pr
     command = [str(binary), *engine_tool_flags(matmul_activations), *flags, str(gguf), str(prefix), chain, batch,
                str(threads), *map(str, tokens)]
     if runner is not None:
-        proc = runner.run(f"llama.cpp layers {chain} ({len(tokens)} positions)", command)
+        proc = runner.run(f"llama.cpp layers {chain} ({len(tokens)} positions)", command, reads=[gguf])
     else:
         proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
