@@ -96,7 +96,10 @@ def evict_from_page_cache(path: Path) -> None:
     charged for them (a cgroup pays for the page cache it faults in, not for what is cached)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        try:
+            os.fsync(fd)  # dirty pages are not dropped
+        except OSError:  # nothing to write back on a read-only file system
+            pass
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
@@ -162,10 +165,10 @@ class CappedRunner:
     def run(self, what: str, command: Sequence[str], timeout: Optional[float] = None,
             reads: Sequence[Path] = ()) -> subprocess.CompletedProcess:
         """The command's CompletedProcess (text output captured); its record is appended. `reads`:
-        the files it maps or reads, evicted from the page cache first, so that its cgroup is
-        charged for every page of them it touches (as on a machine of its own), not only for
-        those no earlier process had cached."""
-        for path in reads:
+        the files it maps or reads, evicted from the page cache first when capped, so that its
+        cgroup is charged for every page of them it touches (as on a machine of its own), not only
+        for those no earlier process had cached."""
+        for path in reads if self.limit is not None else ():
             evict_from_page_cache(path)
         cap = MemoryCap(self.name, self.limit) if self.limit is not None or cgroup_problem() is None else None
         started = time.monotonic()
