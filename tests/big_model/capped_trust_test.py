@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from meshnet.client.session import GenerationParams, RouteClient
-from meshnet.memory_cap import CappedRunner, MemoryCap, cgroup_problem
+from meshnet.memory_cap import CappedRunner, MemoryCap, cgroup_problem, evict_from_page_cache
+from meshnet.recipe.cut_model import cut
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm, even_cuts
@@ -110,8 +111,14 @@ def test_a_cheater_is_refuted_and_quarantined_by_a_capped_verifier(model, tmp_pa
     runner = CappedRunner(CAP, "big-verifier")
     replayers = (audit.Replayer(DUMP_BOUNDARIES, model, 2, runner), audit.Replayer(DUMP_BOUNDARIES, model, 1, runner))
     tolerance = commitment.tolerance_from_calibration(os.environ["MESHNET_CALIBRATION"])
+    # Each node serves its own part (evicted first) and the verifier reads the whole file, which no
+    # node maps: every capped process is charged for the weights it reads, as on its own machine.
+    parts = [tmp_path / "parts" / p["file"] for p in cut(model, cuts, tmp_path / "parts")["parts"]]
+    for path in parts:
+        evict_from_page_cache(path)
     swarm = LocalSwarm(tmp_path / "swarm", model, cuts, model=MODEL, backend="gguf", worker_binary=WORKER, threads=1,
-                       max_sessions=2, max_kv_tokens=1024, node_prefixes=[cap.prefix for cap in caps[:-1]])
+                       max_sessions=2, max_kv_tokens=1024, node_prefixes=[cap.prefix for cap in caps[:-1]],
+                       node_ggufs=parts)
     swarm.tracker.audit_rate, swarm.tracker.audit_seed = 1.0, 1
     try:
         with swarm:
@@ -132,7 +139,9 @@ def test_a_cheater_is_refuted_and_quarantined_by_a_capped_verifier(model, tmp_pa
             _, honest = audited_session(PROMPTS[0])
             assert [r.passed for r in honest] == [True], [r.evidence for r in honest]
             swarm.nodes[swarm.ids["node-1"]].stop()  # the cheater alone serves the middle range
-            cheater = swarm.add_node("cheat", cuts[1], prefix=caps[-1].prefix, extra_args=["--cheat", "noise:0.1"])
+            evict_from_page_cache(parts[1])  # and is charged for the pages it reads
+            cheater = swarm.add_node("cheat", cuts[1], prefix=caps[-1].prefix, gguf=parts[1],
+                                     extra_args=["--cheat", "noise:0.1"])
             refuted: list = []
             for prompt in PROMPTS[1:4]:  # the calibration's p per audited session for this cheat is 0.954
                 hops, reports = audited_session(prompt)
