@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from synthetic_model import DEFAULT_CACHE, log, sha256
+from synthetic_model import DEFAULT_CACHE, cached_record, log, sha256
 
 RECIPE_NAME = "llama-8b"
 SHAPE = {"n_layer": 32, "n_embd": 4096, "n_ff": 14336, "n_head": 32, "n_head_kv": 8, "context_length": 8192,
@@ -126,14 +126,9 @@ def build(cache: Path, seed: int, tokenizer_gguf: Path) -> dict:
     path = cache / f"synthetic-{RECIPE_NAME}-s{seed}-q4_0.gguf"
     record_path = path.with_suffix(".json")
     wanted = recipe(seed)
-    if path.exists() and record_path.exists():
-        record = json.loads(record_path.read_text())
-        if record.get("recipe") == wanted:
-            log(f"checking the cached {path.name}", started)
-            if sha256(path) == record.get("sha256"):
-                log("cached model matches its recorded sha256", started)
-                return record
-        log("cached model does not match its record: rebuilding", started)
+    cached = cached_record(path, wanted, started)
+    if cached is not None:
+        return cached
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         log(f"writing {path.name} tensor by tensor (Q4_0, seed {seed})", started)

@@ -83,6 +83,22 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def cached_record(path: Path, recipe: dict, started: float) -> Optional[dict]:
+    """The record beside `path` when it names `recipe` and the file still hashes to its sha256;
+    None (after saying why) when the model must be built."""
+    record_path = path.with_suffix(".json")
+    if not (path.exists() and record_path.exists()):
+        return None
+    record = json.loads(record_path.read_text())
+    if record.get("recipe") == recipe:
+        log(f"checking the cached {path.name}", started)
+        if sha256(path) == record.get("sha256"):
+            log("cached model matches its recorded sha256", started)
+            return record
+    log("cached model does not match its record: rebuilding", started)
+    return None
+
+
 def write_hf_model(out: Path, tokenizer_gguf: Path, seed: int, recipe: dict) -> int:
     """Step 1; the parameter count."""
     import torch
@@ -144,14 +160,9 @@ def build(cache: Path, seed: int, tokenizer_gguf: Path, converter: Path, quantiz
     path = cache / f"synthetic-{recipe_name}-s{seed}-{kind}.gguf"
     record_path = path.with_suffix(".json")
     recipe = dict(base, seed=seed)
-    if path.exists() and record_path.exists():
-        record = json.loads(record_path.read_text())
-        if record.get("recipe") == recipe:
-            log(f"checking the cached {path.name}", started)
-            if sha256(path) == record.get("sha256"):
-                log("cached model matches its recorded sha256", started)
-                return record
-        log("cached model does not match its record: rebuilding", started)
+    cached = cached_record(path, recipe, started)
+    if cached is not None:
+        return cached
     quantized = base["quantization"] != "none"
     steps = 3 if quantized else 2
     with tempfile.TemporaryDirectory(prefix="meshnet-synthetic-", dir=cache) as tmp:
