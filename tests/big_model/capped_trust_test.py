@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.client.session import GenerationParams, RouteClient
-from meshnet.memory_cap import CappedRunner, MemoryCap, cgroup_problem, evict_from_page_cache
+from meshnet.memory_cap import CappedRunner, cgroup_problem
 from meshnet.recipe.cut_model import cut
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.reference.model import load_tokenizer
-from meshnet.swarm.local import LocalSwarm, even_cuts
-from meshnet.verify import audit, commitment, verifier
+from meshnet.swarm.local import even_cuts
+from meshnet.verify import commitment
+from capped_runs import Cheat, audit_cheaters
 from route_cases import PROMPTS
 from synthetic_model import DEFAULT_CACHE, build  # tools/synthetic_model.py
 
@@ -106,57 +106,21 @@ def test_the_whole_model_reference_is_killed_under_the_same_cap(model, report):
 
 def test_a_cheater_is_refuted_and_quarantined_by_a_capped_verifier(model, tmp_path, report):
     cuts = even_cuts(gguf_summary(model).n_layer, 3)
-    caps = [MemoryCap(f"big-node{i}", CAP) for i in range(len(cuts) + 1)]
     tokenizer = load_tokenizer(GGUF)  # the synthetic model has SmolLM2's vocabulary
-    runner = CappedRunner(CAP, "big-verifier")
-    replayers = (audit.Replayer(DUMP_BOUNDARIES, model, 2, runner), audit.Replayer(DUMP_BOUNDARIES, model, 1, runner))
     tolerance = commitment.tolerance_from_calibration(os.environ["MESHNET_CALIBRATION"])
-    # Each node serves its own part (evicted first) and the verifier reads the whole file, which no
-    # node maps: every capped process is charged for the weights it reads, as on its own machine.
+    # Each node serves its own part and the verifier reads the whole file, which no node maps.
     parts = [tmp_path / "parts" / p["file"] for p in cut(model, cuts, tmp_path / "parts")["parts"]]
-    for path in parts:
-        evict_from_page_cache(path)
-    swarm = LocalSwarm(tmp_path / "swarm", model, cuts, model=MODEL, backend="gguf", worker_binary=WORKER, threads=1,
-                       max_sessions=2, max_kv_tokens=1024, node_prefixes=[cap.prefix for cap in caps[:-1]],
-                       node_ggufs=parts)
-    swarm.tracker.audit_rate, swarm.tracker.audit_seed = 1.0, 1
-    try:
-        with swarm:
-            def audited_session(prompt: str) -> tuple[list[str], list]:
-                with swarm.client() as tracker:
-                    session = RouteClient(tracker, MODEL)
-                    hops: list[str] = []
-                    for _ in session.generate(tokenizer(prompt)["input_ids"], GenerationParams(max_tokens=TOKENS)):
-                        hops = hops or [h.node.node_id for h in session._connection.hops]
-                reports = []
-                with swarm.tracker.client("verifier") as tracker:
-                    while (reply := tracker.take_audit(replayers[0].artifact)).job is not None:
-                        reports.append(verifier.run_audit(reply.job, replayers, tolerance, positions=16,
-                                                          seed=reply.job.audit_id))
-                        tracker.report_audit(reports[-1])
-                return hops, reports
-
-            _, honest = audited_session(PROMPTS[0])
-            assert [r.passed for r in honest] == [True], [r.evidence for r in honest]
-            swarm.nodes[swarm.ids["node-1"]].stop()  # the cheater alone serves the middle range
-            evict_from_page_cache(parts[1])  # and is charged for the pages it reads
-            cheater = swarm.add_node("cheat", cuts[1], prefix=caps[-1].prefix, gguf=parts[1],
-                                     extra_args=["--cheat", "noise:0.1"])
-            refuted: list = []
-            for prompt in PROMPTS[1:4]:  # the calibration's p per audited session for this cheat is 0.954
-                hops, reports = audited_session(prompt)
-                assert cheater.node_id in hops
-                refuted = [r for r in reports if not r.passed]
-                if refuted:
-                    break
-            assert refuted and refuted[0].culprit_node_id == cheater.node_id, [r.evidence for r in refuted]
-            with swarm.client() as tracker:
-                assert cheater.node_id in tracker.coverage(MODEL).quarantined_node_ids
-        report["audit"] = {"honest_passed": True, "cheater_refuted": True, "verifier_processes": [
-            {"what": r.what, "cgroup_peak_bytes": r.cgroup_peak_bytes, "oom_killed": r.oom_killed}
-            for r in runner.records], "node_peaks_bytes": [cap.peak() for cap in caps]}
-        assert all(r.exit_code == 0 and not r.oom_killed and r.cgroup_peak_bytes <= CAP for r in runner.records)
-        assert all(cap.oom_kills() == 0 for cap in caps)
-    finally:
-        for cap in caps:
-            cap.remove()
+    # The calibration's p per audited session for this cheat is 0.954: 3 sessions.
+    noise = Cheat("noise:0.1", ["--cheat", "noise:0.1"], sessions=3)
+    audited = audit_cheaters(tmp_path / "swarm", model, parts, cuts, CAP, [noise], model=MODEL, worker=WORKER,
+                             dump_boundaries=DUMP_BOUNDARIES, tolerance=tolerance,
+                             encode=lambda text: tokenizer(text)["input_ids"], prompts=PROMPTS[:4], tokens=TOKENS,
+                             max_kv_tokens=1024)
+    report["audit"] = audited
+    assert audited["honest_passed"], audited["honest_evidence"]
+    outcome = audited["cheats"]["noise:0.1"]
+    assert outcome["through_cheater"] == outcome["sessions"], outcome
+    assert outcome["refuted"] and outcome["culprit_is_cheater"] and outcome["quarantined"], outcome
+    assert all(r["exit_code"] == 0 and not r["oom_killed"] and r["cgroup_peak_bytes"] <= CAP
+               for r in audited["verifier_processes"])
+    assert audited["node_oom_kills"] == 0

@@ -24,7 +24,9 @@ speculation) for d in 5, 10 and 25 ms one-way per link, and wan_10ms_gguf_route_
 (client-driven, N+1 trips). With --synthetic-gguf (the synthetic ~1.1B Llama Q4_0 of
 //tools:synthetic_model), the synthetic_1b_* lanes run llama.cpp single-process, the GGUF ring
 on 1 and K nodes and the Transformers fp32 reference route (one stream) on it, at the shortest
-prompt: weights dominate memory there; without it they report "not available". A
+prompt: weights dominate memory there; without it they report "not available". With
+--synthetic-8b-gguf (//tools:synthetic_big_model), synthetic_8b_* run llama.cpp single-process
+and the GGUF ring on 4 nodes on the ~8B the same way (issue 29). A
 runtime-only comparison runs lanes 1, 3, 5 and 6
 again on the same weights dequantized to an F32 GGUF (`llama-quantize --allow-requantize IN OUT
 F32`), so runtime gains are reported apart from quantization gains. Drift: teacher-forced top-1
@@ -134,6 +136,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--contract", type=Path, help="default: docs/performance-contract.json of the workspace")
     p.add_argument("--synthetic-gguf", type=Path, help="the synthetic ~1.1B model for the synthetic_1b_* lanes "
                    "(//tools:synthetic_model); those lanes report 'not available' without it")
+    p.add_argument("--synthetic-8b-gguf", type=Path, help="the synthetic ~8B model for the synthetic_8b_* lanes "
+                   "(//tools:synthetic_big_model); those lanes report 'not available' without it")
     args = p.parse_args(argv)
     for name in args.lanes.split(","):
         if name not in LANES:
@@ -143,10 +147,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     for path in (args.gguf, args.worker_binary, args.batched_bench, args.rpc_server, args.quantize, args.dump_logits):
         if path is None or not Path(path).exists():
             p.error(f"missing file: {path}")
-    if args.synthetic_gguf is not None:
-        if not args.synthetic_gguf.exists():
-            p.error(f"missing file: {args.synthetic_gguf}")
-        args.synthetic_gguf = args.synthetic_gguf.resolve()
+    for name in ("synthetic_gguf", "synthetic_8b_gguf"):
+        if getattr(args, name) is not None:
+            if not getattr(args, name).exists():
+                p.error(f"missing file: {getattr(args, name)}")
+            setattr(args, name, getattr(args, name).resolve())
     for name in ("gguf", "worker_binary", "batched_bench", "rpc_server", "quantize", "dump_logits"):
         setattr(args, name, Path(getattr(args, name)).resolve())
     return args

@@ -41,6 +41,10 @@ def wan_lane_names(delay_ms: int) -> tuple[str, ...]:
 # --synthetic-gguf: weights dominate memory there, as they do for the models Meshnet is for.
 SYNTHETIC_LANES = ("synthetic_1b_llama_cpp_single_process", "synthetic_1b_gguf_ring_1_node",
                    "synthetic_1b_gguf_ring_3_nodes", "synthetic_1b_reference_route_3_nodes")
+# Issue 29: the synthetic ~8B (//tools:synthetic_big_model), run with --synthetic-8b-gguf: a
+# 4-node ring against one llama.cpp process holding the whole model.
+BIG_MODEL_NODES = 4
+BIG_MODEL_LANES = ("synthetic_8b_llama_cpp_single_process", "synthetic_8b_gguf_ring_4_nodes")
 # Issue 17: the ring with audits at 5% (commitments kept, the verifier role running on this
 # machine) against no commitments and no audits; and every session audited, the verifier's
 # worst case here (a lane's few sessions seldom draw a 5% audit), which also measures its cost.
@@ -50,7 +54,7 @@ LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_r
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
          "gguf_ring_3_nodes_spec", "gateway_3_nodes", *AUDIT_LANES, "gguf_ring_3_nodes_optimized_kernels",
-         "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES)
+         "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES, *BIG_MODEL_LANES)
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
@@ -86,6 +90,8 @@ LABELS = {
     "synthetic_1b_gguf_ring_1_node": "synthetic 1.1B Q4_0: GGUF route, 1 node, ring decode",
     "synthetic_1b_gguf_ring_3_nodes": "synthetic 1.1B Q4_0: GGUF route, {k} nodes, ring decode",
     "synthetic_1b_reference_route_3_nodes": "synthetic 1.1B: Transformers fp32 reference route, {k} nodes",
+    "synthetic_8b_llama_cpp_single_process": "synthetic 8B Q4_0: llama.cpp, one process (batched-bench)",
+    "synthetic_8b_gguf_ring_4_nodes": f"synthetic 8B Q4_0: GGUF route, {BIG_MODEL_NODES} nodes, ring decode",
 }
 RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
 
@@ -306,11 +312,15 @@ class Bench:
             raise LaneUnavailable("needs --dump-boundaries and --calibration (//python:bench passes both)")
         return a.dump_boundaries, a.calibration
 
-    def synthetic(self) -> Path:
-        """The synthetic ~1.1B GGUF of --synthetic-gguf; LaneUnavailable without it."""
-        if self.args.synthetic_gguf is None:
-            raise LaneUnavailable("needs --synthetic-gguf (tools/bazel run //tools:synthetic_model prints its path)")
-        return self.args.synthetic_gguf
+    def synthetic(self, size: str = "1b") -> Path:
+        """The synthetic ~1.1B GGUF of --synthetic-gguf, or the ~8B of --synthetic-8b-gguf (`size`
+        "8b"); LaneUnavailable without it."""
+        flag, tool = {"1b": ("synthetic-gguf", "synthetic_model"),
+                      "8b": ("synthetic-8b-gguf", "synthetic_big_model")}[size]
+        path = getattr(self.args, flag.replace("-", "_"))
+        if path is None:
+            raise LaneUnavailable(f"needs --{flag} (tools/bazel run //tools:{tool} prints its path)")
+        return path
 
     def facts(self, model: Path) -> dict:
         if model not in self._facts:
@@ -380,6 +390,10 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
                                                               progress, options=RouteOptions(ring=True)),
         "synthetic_1b_reference_route_3_nodes": lambda: bench.route(bench.synthetic(), "reference", k, short, [1],
                                                                     progress),
+        "synthetic_8b_llama_cpp_single_process": lambda: bench.llama_single(bench.synthetic("8b"), list(short),
+                                                                            concurrency),
+        "synthetic_8b_gguf_ring_4_nodes": lambda: bench.route(bench.synthetic("8b"), "gguf", BIG_MODEL_NODES, short,
+                                                              concurrency, progress, options=RouteOptions(ring=True)),
     })
     speculation_pairs = [("gguf_ring_3_nodes_spec", "gguf_ring_3_nodes")]
     for d in WAN_DELAYS_MS:

@@ -22,6 +22,7 @@ from meshnet.recipe.recipe import engine_tool_flags
 from meshnet.swarm.local import LocalSwarm, even_cuts
 
 CONCURRENT_SESSIONS = 8
+SUITE_KV_TOKENS = 4096  # each node's KV cells, unless the sessions need more (they share them)
 # The tracker's bans in this swarm: short, so that a hop that missed a Health probe while the
 # machine was starved (8 sessions, 3 nodes and a loaded CI on 2 cores) is routed through again
 # well within the client's route_wait, however many of the sessions reported it at once (each
@@ -51,7 +52,8 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
                  single_process: bool = True,
                  teacher_forced: Optional[Callable[[Sequence[int], list[int]], dict]] = None,
                  node_prefixes: Optional[Sequence[Sequence[str]]] = None,
-                 node_ggufs: Optional[Sequence[Path]] = None, runner: Optional[CappedRunner] = None) -> dict:
+                 node_ggufs: Optional[Sequence[Path]] = None, runner: Optional[CappedRunner] = None,
+                 max_kv_tokens: Optional[int] = None) -> dict:
     """{"cuts", "prompts": [{"equal", "first_difference", "teacher_forced"}...], "route_equal",
     "concurrent": {...}}. `cuts` (default: `nodes` even ranges) are the nodes' layer ranges;
     `matmul_activations` the recipe's, on the nodes and the baseline alike. The route's tokens
@@ -61,8 +63,11 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
     single process's, else the route's own solo runs). `node_prefixes`: a command prefix per
     node (a memory cgroup); `node_ggufs`: the file each node serves from (its per-range part),
     evicted from the page cache before the nodes start, so that each node's cgroup is charged
-    for the weights it reads; `runner`: where single-process llama.cpp runs."""
+    for the weights it reads; `runner`: where single-process llama.cpp runs; `max_kv_tokens`: each
+    node's KV cells (default: what the concurrent sessions need, at least SUITE_KV_TOKENS)."""
     cuts = list(cuts) if cuts is not None else even_cuts(n_layer, nodes)
+    if max_kv_tokens is None:  # not the node's default (32768), whose KV would dwarf a capped node's layers
+        max_kv_tokens = max(SUITE_KV_TOKENS, CONCURRENT_SESSIONS * (max(map(len, prompts)) + tokens))
     baseline = None
     if single_process:
         baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens, matmul_activations, runner) for ids in prompts]
@@ -75,6 +80,7 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
             with LocalSwarm(Path(tmp), gguf, cuts, model=model, backend="gguf", worker_binary=worker,
                             max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
                             max_ban_seconds=MAX_BAN_SECONDS, matmul_activations=matmul_activations,
+                            max_kv_tokens=max_kv_tokens,
                             node_prefixes=node_prefixes or (), node_ggufs=node_ggufs or ()) as swarm, \
                     swarm.client() as tracker:
                 log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
