@@ -3,8 +3,9 @@
 
 Why uvicorn rather than prometheus_client's start_http_server (a ThreadingHTTPServer: one
 thread per connection, without limit): one event-loop thread whatever the number of
-connections, at most `limit_concurrency` connections and requests at a time (more get 503), idle
-keep-alive connections closed after a few seconds, and h11's bounded request parsing. Handlers
+connections, and the bounds of http_bounds.py: a complete request within a few seconds of
+connecting (or of the previous response), a cap on connections per peer and in all, and at most
+MAX_IN_FLIGHT requests being handled (more get 503), idle connections not counted. Handlers
 that block (a Health RPC, a ledger query) are sync Starlette endpoints, which Starlette runs on
 its worker threads, never on the loop.
 Started and stopped by the role's main thread. The socket is bound in the constructor, so port 0
@@ -18,8 +19,8 @@ import threading
 import time
 
 
-MAX_CONNECTIONS = 32
-MAX_REQUEST_HEAD_BYTES = 16 * 1024
+# /metrics and /status: scrapers and a few browsers, from few addresses.
+BOUNDS = dict(request_timeout=5.0, max_connections=256, max_per_peer=16, max_in_flight=32, max_head_bytes=16 << 10)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -44,10 +45,11 @@ class WebServer:
         self.host, self.port = host, self._socket.getsockname()[1]
         import uvicorn  # here, not at import: parse_listen's users (a lean node) need no HTTP stack
 
-        config = uvicorn.Config(app, http="h11", ws="none", lifespan="off", loop="asyncio", log_config=None,
-                                access_log=False, server_header=False, limit_concurrency=MAX_CONNECTIONS,
-                                timeout_keep_alive=5, h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
-        self._server = uvicorn.Server(config)
+        from meshnet.http_bounds import ConnectionCounts, HttpBounds, uvicorn_config
+
+        self.counts = ConnectionCounts()
+        self._server = uvicorn.Server(uvicorn_config(app, HttpBounds(**BOUNDS), self.counts, loop="asyncio",
+                                                     log_config=None))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True,
                                         name=name)
 

@@ -7,8 +7,10 @@
   GET  /healthz                  liveness
 
 Every /v1 call checks the API key first (401), then bounds and parses the body (413/400), then
-the model (404); a generation then takes one of its key's concurrent slots (429) before it asks
-the tracker for a route. A streaming response starts only once the first token is in, so the
+the model (404); a generation then takes one of its key's concurrent slots (429), and only then
+is its prompt measured (400 past max_prompt_chars), rendered and tokenized, at most
+`prompt_builders` at a time across all keys, before it asks the tracker for a route: a key at
+its limit costs the gateway nothing but the refusal (issue 35, finding 5). A streaming response starts only once the first token is in, so the
 route's refusals (429 RESOURCE_EXHAUSTED with Retry-After, 503 no coverage, 504 a deadline)
 are real HTTP statuses; a failure after that ends the stream with an OpenAI error event. A
 client that goes away cancels its route (CANCEL along the chain: every hop frees its KV).
@@ -22,6 +24,7 @@ generation.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import secrets
@@ -56,6 +59,8 @@ class GatewayConfig:
     first_token_timeout: float = 120.0
     stall_timeout: float = 60.0
     anonymous_client_id: str = "gateway"  # the ledger's client when no keys are configured
+    max_prompt_chars: int = 256 * 1024  # prompt text past this is refused (400) before it is rendered or tokenized
+    prompt_builders: int = 2  # prompts rendered and tokenized at once (on threads); more wait their turn
 
 
 @dataclasses.dataclass
@@ -68,13 +73,14 @@ class _Generation:
     """One request's run: prompt -> route -> text pieces; owns the key slot and the stream."""
 
     def __init__(self, app: "Gateway", served: ServedModel, key: Optional[ApiKey], prompt_ids: list[int],
-                 params: GenerationParams, stops: Sequence[str]) -> None:
+                 params: GenerationParams, stops: Sequence[str], slot) -> None:
+        """`slot`: the key's concurrent-generation slot, already taken; released by close()."""
         self.app, self.served, self.key = app, served, key
         self.prompt_ids, self.params = prompt_ids, params
         self.text = IncrementalText(lambda ids: served.tokenizer.decode(ids), stops)
         self.finish_reason = "length"
         self.completion_tokens = 0
-        self._slot = app.keys.slot(key) if key is not None and app.keys is not None else None
+        self._slot = slot
         self._stream = None
         self._first: Optional[t.SampledToken] = None
         self._started = time.perf_counter()
@@ -83,9 +89,7 @@ class _Generation:
         self._pending: list = []
 
     async def open(self) -> None:
-        """Takes the key's slot, opens the route and waits for the first token (or the refusal)."""
-        if self._slot is not None:
-            self._slot.__enter__()  # ApiError 429 when the key is at its limit
+        """Opens the route and waits for the first token (or the refusal)."""
         self.app.metrics.live.labels(self.served.name).inc()
         client_id = self.key.client_id if self.key is not None else self.app.config.anonymous_client_id
         try:
@@ -146,8 +150,7 @@ class _Generation:
         if disconnected:
             self.app.metrics.disconnects.labels(self.served.name).inc()
         self.app.metrics.live.labels(self.served.name).dec()
-        if self._slot is not None:
-            self._slot.__exit__(None, None, None)
+        self._slot.__exit__(None, None, None)
 
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": self.completion_tokens,
@@ -162,6 +165,12 @@ class Gateway:
         self.models = {m.name: m for m in models}
         self.backend, self.keys, self.config = backend, keys, config
         self.metrics = GatewayMetrics()
+        self.prompt_builders = asyncio.Semaphore(config.prompt_builders)
+
+    def slot(self, key: Optional[ApiKey]) -> contextlib.AbstractContextManager:
+        """One of `key`'s concurrent generations (429 on entry when all are taken); no bound
+        without keys."""
+        return self.keys.slot(key) if key is not None and self.keys is not None else contextlib.nullcontext()
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -265,17 +274,38 @@ async def _describe(gateway: Gateway, name: str) -> dict:
 
 
 async def _generate(gateway: Gateway, request: Request, body_type: type, kind: str, prompt_of) -> Response:
-    """Key, body, model, prompt (off the event loop: a long prompt takes a while to tokenize),
-    then the generation and its response."""
+    """Key, body, model, the key's slot, the prompt's size, the prompt (off the event loop, a
+    few at a time: a long prompt takes a while to render and tokenize), then the generation and
+    its response."""
     key = _authenticate(gateway, request)
     body = schema.parse(body_type, await _read_json(request, gateway.config.max_body_bytes))
     body.check_common()
     served = _served(gateway, body.model)
     alternatives = body.alternatives()
-    prompt_ids = await asyncio.to_thread(prompt_of, served, body)
-    run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
-                      body.stop_strings())
+    slot = gateway.slot(key)
+    slot.__enter__()  # ApiError 429 when the key is at its limit, before any work on the prompt
+    try:
+        chars = _prompt_chars(body)
+        if chars > gateway.config.max_prompt_chars:
+            raise ApiError(400, f"the prompt has {chars} characters, over this gateway's limit of "
+                                f"{gateway.config.max_prompt_chars}", param="messages" if kind == "chat" else "prompt",
+                           code="context_length_exceeded")
+        async with gateway.prompt_builders:
+            prompt_ids = await asyncio.to_thread(prompt_of, served, body)
+        run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
+                          body.stop_strings(), slot)
+    except BaseException:
+        slot.__exit__(None, None, None)
+        raise
     return await _respond(request, run, body, kind, alternatives)
+
+
+def _prompt_chars(body) -> int:
+    """The prompt's size before it is rendered or tokenized: its characters (a token id counts one)."""
+    if isinstance(body, schema.ChatRequest):
+        return sum(len(m.text()) for m in body.messages)
+    prompt = body.prompt
+    return len(prompt) if isinstance(prompt, str) else sum(len(p) if isinstance(p, str) else 1 for p in prompt)
 
 
 def _chat_prompt(served: ServedModel, body: schema.ChatRequest) -> list[int]:

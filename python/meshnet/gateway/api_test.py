@@ -5,91 +5,18 @@ The live swarm is tests/gateway_test.py's business; this runs a real uvicorn on 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import http.client
 import json
-import socket
 import threading
 import time
-from typing import Optional
 
 import openai
 import pytest
-import uvicorn
 
-from meshnet.client.session import MeshnetError
-from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel, create_app
+from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel
+from meshnet.gateway.api_fakes import KEY, OTHER_KEY, FakeSwarmBackend, FakeTokenizer, request, running
 from meshnet.gateway.keys import ApiKey, KeyRing, digest
-from meshnet.gateway.main import server_config
-from meshnet.wire import seam as t
-from meshnet.wire import tracker as tt
-from meshnet.wire.status import Status, StatusCode
-
-EOS = 256
-KEY, OTHER_KEY = "sk-test-alice-0123456789", "sk-test-bob-0123456789ab"
-
-
-class FakeTokenizer:
-    """Test fake: one token per UTF-8 byte, EOS = 256; the chat template joins the turns."""
-
-    chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
-                     "{% if add_generation_prompt %}<assistant>{% endif %}")
-    bos_token, eos_token, vocab_size, stop_token_ids = "", "</s>", 257, (EOS,)
-
-    def encode(self, text: str, special: bool = True, add_bos=None) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids, skip_special: bool = True) -> str:
-        return bytes(i for i in ids if i < 256).decode(errors="replace")
-
-
-class FakeStream:
-    """Test fake of generation.TokenStream: yields `reply`'s bytes (then EOS), or fails."""
-
-    def __init__(self, reply: bytes, max_tokens: int, failure: Optional[Status], gap: float) -> None:
-        ids = list(reply)[:max_tokens]
-        if len(ids) < max_tokens:
-            ids.append(EOS)
-        self.ids, self.failure, self.gap = ids, failure, gap
-        self.cancelled = False
-        self.failovers = 0
-
-    async def next(self) -> Optional[t.SampledToken]:
-        if self.failure is not None:
-            raise MeshnetError(self.failure)
-        await asyncio.sleep(self.gap)
-        if self.cancelled or not self.ids:
-            return None
-        token = self.ids.pop(0)
-        return t.SampledToken(token, 0, -0.5, (t.TokenLogprob(token, -0.5),))
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeSwarmBackend:
-    """Test fake of generation.SwarmBackend; the model name picks the behaviour."""
-
-    FAILURES = {"busy": Status(StatusCode.RESOURCE_EXHAUSTED, "all sessions in use", True),
-                "uncovered": Status(StatusCode.UNAVAILABLE, "no chain of nodes gets past layer 10", True),
-                "slow": Status(StatusCode.DEADLINE_EXCEEDED, "no token for 120s", True),
-                "long": Status(StatusCode.INVALID_ARGUMENT, "this route takes at most 64 tokens")}
-
-    def __init__(self) -> None:
-        self.started: list[tuple[str, str, list[int]]] = []
-        self.streams: list[FakeStream] = []
-        self.reply, self.gap = b"Hello, world!", 0.0
-
-    def start(self, model, client_id, prompt_ids, params):
-        self.started.append((model, client_id, list(prompt_ids)))
-        stream = FakeStream(self.reply, params.max_tokens, self.FAILURES.get(model), self.gap)
-        self.streams.append(stream)
-        return stream
-
-    def coverage(self, model):
-        gaps = (tt.LayerRange(10, 30),) if model == "uncovered" else ()
-        return tt.CoverageReply(Status(StatusCode.OK), 30, (), gaps, (), ())
+from meshnet.http_bounds import HttpBounds
 
 
 @pytest.fixture(scope="module")
@@ -98,39 +25,8 @@ def served():
     keys = KeyRing([ApiKey("alice", digest(KEY), 2), ApiKey("bob", digest(OTHER_KEY), 1)])
     models = [ServedModel(name, FakeTokenizer()) for name in ("fake", *FakeSwarmBackend.FAILURES)]
     gateway = Gateway(models, backend, keys, GatewayConfig(default_max_tokens=32, max_body_bytes=4096))
-    with running(gateway, max_connections=64) as port:
+    with running(gateway) as port:
         yield backend, gateway, port
-
-
-@contextlib.contextmanager
-def running(gateway: Gateway, max_connections: int):
-    """The gateway app under uvicorn as main.py configures it, on a free loopback port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(server_config(create_app(gateway), max_connections))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
-def request(port: int, method: str, path: str, body=None, key: Optional[str] = KEY, raw: Optional[bytes] = None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    headers = {"Content-Type": "application/json"}
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    payload = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    conn.request(method, path, body=payload, headers=headers)
-    response = conn.getresponse()
-    data = response.read()
-    conn.close()
-    return response.status, response.headers, data  # headers: case-insensitive
 
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
@@ -274,13 +170,13 @@ def test_sse_framing(served):
     assert all(p["object"] == "text_completion" and p["id"] == payloads[0]["id"] for p in payloads)
 
 
-def test_connections_past_the_limit_are_refused_and_the_held_one_finishes():
-    """A server limited to 1 connection: a second client gets 503 while the first streams; the
-    first is unharmed, and once it is done the next request is served."""
+def test_requests_past_the_in_flight_limit_are_refused_and_the_held_one_finishes():
+    """A server limited to 1 request in flight: a second client gets 503 while the first streams;
+    the first is unharmed, and once it is done the next request is served."""
     backend = FakeSwarmBackend()
     backend.gap = 0.05  # the held stream lasts about 0.7 s
     gateway = Gateway([ServedModel("fake", FakeTokenizer())], backend, None, GatewayConfig())
-    with running(gateway, max_connections=1) as port:
+    with running(gateway, HttpBounds(max_in_flight=1)) as port:
         results = {}
         held = threading.Thread(target=lambda: results.setdefault(
             "held", request(port, "POST", "/v1/completions", {"model": "fake", "prompt": "x"}, key=None)))

@@ -25,6 +25,7 @@ from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel, create_app
 from meshnet.gateway.generation import SwarmBackend
 from meshnet.gateway.keys import KeyRing
 from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.http_bounds import HttpBounds, uvicorn_config
 from meshnet.identity.keys import Identity
 from meshnet.process import log, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
@@ -53,19 +54,17 @@ def bind(listen: str) -> socket.socket:
 MAX_REQUEST_HEAD_BYTES = 64 << 10
 
 
-def server_config(app, max_connections: int) -> uvicorn.Config:
-    """uvicorn for the gateway: at most `max_connections` connections and requests at a time (more
-    are answered 503 before anything is parsed), request heads of at most 64 KiB, idle
-    keep-alive connections closed after 5 s. Bodies are bounded by the app (api.py). (uvicorn
-    refuses once its count reaches the limit, the new connection included: hence + 1.)"""
-    return uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-                          limit_concurrency=max_connections + 1, timeout_keep_alive=5,
-                          h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES, server_header=False)
+def server_config(app, bounds: HttpBounds) -> uvicorn.Config:
+    """uvicorn for the gateway under `bounds` (http_bounds.py): a complete request within
+    request_timeout of connecting or of the previous response, connections capped per peer and in
+    all, at most max_in_flight requests handled at once (more are answered 503; connections that
+    wait are not counted), request heads of at most 64 KiB. Bodies are bounded by the app (api.py)."""
+    return uvicorn_config(app, bounds, log_level="warning", timeout_graceful_shutdown=5)
 
 
-def serve(app, sock: socket.socket, max_connections: int, port_file: Optional[Path] = None) -> None:
+def serve(app, sock: socket.socket, bounds: HttpBounds, port_file: Optional[Path] = None) -> None:
     """Runs uvicorn on an already bound socket until SIGTERM/SIGINT."""
-    server = uvicorn.Server(server_config(app, max_connections))
+    server = uvicorn.Server(server_config(app, bounds))
     host, port = sock.getsockname()[:2]
     log("listening", address=f"{host}:{port}", base_url=f"http://{host}:{port}/v1")
     write_port_file(port_file, port)
@@ -88,8 +87,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="plaintext to the tracker and the hops (loopback development only)")
     parser.add_argument("--default-max-tokens", type=int, default=256)
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    parser.add_argument("--max-connections", type=int, default=1024,
-                        help="connections and requests at a time; more are answered 503")
+    parser.add_argument("--max-in-flight", type=int, default=256,
+                        help="requests handled at a time (streams included); more are answered 503")
+    parser.add_argument("--max-connections", type=int, default=768,
+                        help="open connections from all peers; more are closed at once (keep under the fd limit)")
+    parser.add_argument("--max-connections-per-peer", type=int, default=64,
+                        help="open connections from one IP address (raise it behind a reverse proxy)")
+    parser.add_argument("--request-timeout", type=float, default=10.0,
+                        help="seconds a connection has to send a complete request (head and body)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     args = parser.parse_args(argv)
 
@@ -97,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.keys_file is None and not args.no_auth:
         parser.error("--keys-file is required (or --no-auth for a private loopback gateway)")
     try:
+        bounds = HttpBounds(request_timeout=args.request_timeout, max_connections=args.max_connections,
+                            max_per_peer=args.max_connections_per_peer, max_in_flight=args.max_in_flight,
+                            max_head_bytes=MAX_REQUEST_HEAD_BYTES)
         keys = KeyRing.load(args.keys_file) if args.keys_file else None
         models = [ServedModel(name, GgufTokenizer.from_gguf(path)) for name, path in args.model]
         sock = bind(args.listen)
@@ -108,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     gateway = Gateway(models, SwarmBackend(tracker, insecure=args.insecure), keys,
                       GatewayConfig(default_max_tokens=args.default_max_tokens, max_body_bytes=args.max_body_bytes))
     log("gateway", tracker=args.tracker, models=[m.name for m in models], auth=keys is not None)
-    serve(create_app(gateway), sock, args.max_connections, args.port_file)
+    serve(create_app(gateway), sock, bounds, args.port_file)
     tracker.close()
     return 0
 

@@ -1,0 +1,134 @@
+"""Issue 35's gateway findings under attack, each beside an honest client that is still served:
+idle connections (finding 1) and a key at its limit sending huge prompts (finding 5). A real
+uvicorn as main.py configures it, a test fake of the swarm and a counting fake tokenizer."""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import threading
+import time
+
+import pytest
+
+from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel
+from meshnet.gateway.api_fakes import KEY, OTHER_KEY, FakeSwarmBackend, FakeTokenizer, request, running
+from meshnet.gateway.keys import ApiKey, KeyRing, digest
+from meshnet.http_bounds import HttpBounds
+
+HONEST = "127.0.0.2"  # loopback too: the honest client is another peer than the attacker's 127.0.0.1
+COMPLETION = {"model": "fake", "prompt": "x"}
+
+
+class CountingTokenizer(FakeTokenizer):
+    """Test fake: FakeTokenizer that counts encode calls, takes `delay` seconds each, and records
+    how many ran at once."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay, self.calls, self.running, self.most_at_once = delay, 0, 0, 0
+        self._lock = threading.Lock()
+
+    def encode(self, text: str, special: bool = True, add_bos=None) -> list[int]:
+        with self._lock:
+            self.calls += 1
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(self.delay)
+        with self._lock:
+            self.running -= 1
+        return super().encode(text, special, add_bos)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def enough_file_descriptors():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_thousand_idle_connections_do_not_deny_the_gateway():
+    """Finding 1: 1000 silent connections from one peer. Before: every request answered 503 for
+    as long as they were held. Now the peer holds at most max_per_peer, each for request_timeout."""
+    bounds = HttpBounds(request_timeout=1.0, max_connections=200, max_per_peer=20, max_in_flight=64)
+    gateway = Gateway([ServedModel("fake", FakeTokenizer())], FakeSwarmBackend(), None, GatewayConfig())
+    with running(gateway, bounds) as port:
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(1000)]
+        try:
+            time.sleep(0.2)
+            assert request(port, "GET", "/healthz", key=None, source=HONEST)[0] == 200
+            status, _, data = request(port, "POST", "/v1/completions", COMPLETION, key=None, source=HONEST)
+            assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"
+            for s in idle:  # every one closed: at once past the cap, the rest at the deadline
+                s.settimeout(bounds.request_timeout + 2.0)
+                try:
+                    assert s.recv(1) == b""
+                except ConnectionResetError:
+                    pass
+        finally:
+            for s in idle:
+                s.close()
+
+
+def test_a_key_at_its_limit_is_refused_before_its_prompt_is_built():
+    """Finding 5: a key at its concurrency limit sends a dozen ~900 KB prompts. Before: each was
+    rendered and tokenized (seconds of gateway CPU) and only then refused 429. Now the 429 comes
+    first: the tokenizer never sees them, and another key is served meanwhile."""
+    tokenizer = CountingTokenizer()
+    backend = FakeSwarmBackend()
+    backend.gap = 0.1  # the held generation lasts about 1.4 s
+    keys = KeyRing([ApiKey("alice", digest(KEY), 2), ApiKey("bob", digest(OTHER_KEY), 1)])
+    gateway = Gateway([ServedModel("fake", tokenizer)], backend, keys, GatewayConfig(max_body_bytes=2 << 20))
+    with running(gateway) as port:
+        held: dict = {}
+        holder = threading.Thread(target=lambda: held.setdefault(
+            "reply", request(port, "POST", "/v1/completions", COMPLETION, key=OTHER_KEY)))
+        holder.start()
+        deadline = time.monotonic() + 5
+        while not backend.started and time.monotonic() < deadline:
+            time.sleep(0.005)
+        huge = {"model": "fake", "prompt": "y" * 900_000}
+        refusals = [request(port, "POST", "/v1/completions", huge, key=OTHER_KEY) for _ in range(12)]
+        assert [r[0] for r in refusals] == [429] * 12
+        assert all(json.loads(r[2])["error"]["code"] == "concurrency_limit" for r in refusals)
+        assert tokenizer.calls == 1  # the held generation's prompt only
+        assert request(port, "GET", "/healthz", key=None)[0] == 200
+        status, _, data = request(port, "POST", "/v1/completions", COMPLETION, key=KEY)
+        assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"
+        holder.join(10)
+        assert held["reply"][0] == 200
+
+
+def test_a_prompt_over_the_size_limit_is_refused_before_it_is_tokenized():
+    tokenizer = CountingTokenizer()
+    gateway = Gateway([ServedModel("fake", tokenizer)], FakeSwarmBackend(), None,
+                      GatewayConfig(max_body_bytes=1 << 20, max_prompt_chars=1000))
+    with running(gateway) as port:
+        for body, param in (({"model": "fake", "prompt": "z" * 1001}, "prompt"),
+                            ({"model": "fake", "messages": [{"role": "user", "content": "z" * 600},
+                                                            {"role": "user", "content": "z" * 401}]}, "messages")):
+            path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+            status, _, data = request(port, "POST", path, body, key=None)
+            error = json.loads(data)["error"]
+            assert (status, error["code"], error["param"]) == (400, "context_length_exceeded", param)
+        assert tokenizer.calls == 0
+        assert request(port, "POST", "/v1/completions", {"model": "fake", "prompt": "z" * 1000}, key=None)[0] == 200
+        assert tokenizer.calls == 1
+
+
+def test_prompts_are_built_a_few_at_a_time():
+    """However many requests arrive, at most prompt_builders prompts are tokenized at once; the
+    others wait their turn and are all served."""
+    tokenizer = CountingTokenizer(delay=0.2)
+    gateway = Gateway([ServedModel("fake", tokenizer)], FakeSwarmBackend(), None, GatewayConfig(prompt_builders=2))
+    with running(gateway) as port:
+        results: list = []
+        threads = [threading.Thread(target=lambda: results.append(
+            request(port, "POST", "/v1/completions", COMPLETION, key=None)[0])) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert results == [200] * 6
+        assert tokenizer.calls == 6 and tokenizer.most_at_once == 2
