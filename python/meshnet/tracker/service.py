@@ -1,7 +1,8 @@
 """The tracker's gRPC service (meshnet.tracker.v1.Tracker) over a Registry and a Ledger.
 
-`serve()` builds the server (optional TLS) and the servicer. Every call but TrackerKey is
-authenticated before it is handled (ADR 0003): the bearer token must grant a role allowed for
+`serve()` builds the servicer and starts the server (grpc_server.py: grpc.aio, bounded per
+peer, calls refused on their metadata before their message is read; optional TLS). Every call
+but TrackerKey is authenticated before it is handled (ADR 0003): the bearer token must grant a role allowed for
 the method (PERMISSION_DENIED otherwise, UNAUTHENTICATED for no known token), and the request
 must be signed by the caller's Ed25519 key (UNAUTHENTICATED otherwise); the verified key is what
 the registry acts for. Route replies carry a ticket per hop, signed with the tracker's ticket
@@ -17,24 +18,22 @@ import hmac
 import secrets
 import socket
 import time
-from concurrent import futures
 from typing import Any, Callable, Mapping, Optional
 
 import grpc
 
 from meshnet.identity import keys, requests
-from meshnet.identity import tls as tls_material
 from meshnet.identity import tickets as route_tickets
 from meshnet.identity.keys import Identity
 from meshnet.process import log
 from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.audits import Audits
+from meshnet.tracker.grpc_server import Refused, ServerLimits, TrackerServer
 from meshnet.tracker.ledger import Ledger, WorkRefused
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import Registry
 from meshnet.tracker.state_store import StoreError
-from meshnet.tracker.v1 import tracker_pb2_grpc
 from meshnet.wire import seam as st
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import Status, StatusCode
@@ -50,14 +49,9 @@ TICKET_SECONDS = 600.0
 REACHABILITY_TIMEOUT_S = 2.0
 
 
-class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-class TrackerService(tracker_pb2_grpc.TrackerServicer):
-    """gRPC threads call in concurrently; the registry and ledger do their own locking."""
+class TrackerService:
+    """The Tracker methods, synchronous: grpc_server.py calls them on its worker threads, many
+    at once; the registry and ledger do their own locking. A refused call raises Refused."""
 
     def __init__(self, registry: Registry, ledger: Ledger, role_tokens: Mapping[str, str], ticket_key: Identity,
                  ticket_seconds: float = TICKET_SECONDS, metrics: Optional[TrackerMetrics] = None,
@@ -81,33 +75,33 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
 
     # ---- authentication ---------------------------------------------------------------------
 
-    def _role(self, token: str) -> Optional[str]:
+    def role(self, token: str) -> Optional[str]:
+        """The role `token` grants, or None; every token compared in constant time."""
         found = None
-        for role, expected in self._tokens.items():  # compare every token in constant time
+        for role, expected in self._tokens.items():
             if hmac.compare_digest(token.encode(), expected.encode()):
                 found = role
         return found
 
     def _authenticate(self, method: str, request, context) -> bytes:
         metadata = tuple(context.invocation_metadata() or ())
-        role = self._role(requests.bearer_token(metadata))
+        role = self.role(requests.bearer_token(metadata))
         if role is None:
-            raise _Refused(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown role token")
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown role token")
         if role not in METHOD_ROLES[method]:
-            raise _Refused(grpc.StatusCode.PERMISSION_DENIED, f"role {role!r} may not call {method}")
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"role {role!r} may not call {method}")
         try:
             return requests.verify_request(metadata, method, request.SerializeToString(deterministic=True))
         except requests.RequestAuthError as err:
-            raise _Refused(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
 
     def _handle(self, method: str, request, context, reply_cls: type, work: Callable[[Any, bytes], Any]):
         started = time.perf_counter()
         try:
             caller = self._authenticate(method, request, context)
-        except _Refused as refused:
-            log("refused", method=method, code=refused.code.name, reason=refused.message)
-            self._metrics.answered(method, refused.code.name, time.perf_counter() - started)
-            context.abort(refused.code, refused.message)
+        except Refused as refused:
+            self.refused(method, refused, started)
+            raise
         try:
             native = codec.from_proto(request)
             reply = work(native, caller)
@@ -121,6 +115,11 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
             reply = reply_cls(Status(StatusCode.INTERNAL, f"tracker error: {err!r}"))
         self._metrics.answered(method, reply.status.code.name, time.perf_counter() - started)
         return codec.to_proto(reply)
+
+    def refused(self, method: str, refused: Refused, started: float) -> None:
+        """Logs and counts a refusal (here, or by the server on the call's metadata alone)."""
+        log("refused", method=method, code=refused.code.name, reason=refused.message)
+        self._metrics.answered(method, refused.code.name, time.perf_counter() - started)
 
     # ---- nodes ------------------------------------------------------------------------------
 
@@ -265,20 +264,17 @@ def unreachable(address: str, timeout: float = REACHABILITY_TIMEOUT_S) -> str:
 
 
 def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[str, str], ticket_key: Identity, *,
-          tls: Optional[tuple[bytes, bytes]] = None, max_workers: int = 16, ticket_seconds: float = TICKET_SECONDS,
+          tls: Optional[tuple[bytes, bytes]] = None, ticket_seconds: float = TICKET_SECONDS,
           metrics: Optional[TrackerMetrics] = None, check_reachability: bool = False,
-          audits: Optional[Audits] = None) -> tuple[grpc.Server, int]:
+          audits: Optional[Audits] = None, limits: Optional[ServerLimits] = None) -> tuple[TrackerServer, int]:
     # tls: (certificate chain PEM, private key PEM), or None for plaintext (--insecure).
     # metrics: where the service counts its answers (a fresh TrackerMetrics if None).
     """Starts the tracker; returns the server and the bound port (listen may use port 0)."""
     # check_reachability: a node registering a direct address must accept a TCP connection from
     # the tracker there (else UNAVAILABLE: it should come back through a relay).
     # audits: the sampled audits the verifier role takes and reports (ADR 0008); None: off.
+    # limits: the server's bounds (grpc_server.py).
     service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics, check_reachability,
                              audits)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         maximum_concurrent_rpcs=max_workers * 8)
-    tracker_pb2_grpc.add_TrackerServicer_to_server(service, server)
-    port = tls_material.bind(server, listen, tls)
-    server.start()
-    return server, port
+    server = TrackerServer(service, METHOD_ROLES, listen, tls, limits or ServerLimits())
+    return server, server.port

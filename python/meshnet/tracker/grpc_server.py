@@ -1,0 +1,207 @@
+"""The tracker's gRPC server: grpc.aio on an event-loop thread of its own, in front of the
+synchronous TrackerService (issue 35, finding 2).
+
+The synchronous grpc.server gave each call a pool thread as soon as it arrived, and the thread
+then waited for the call's message: a few dozen calls that never send one, from anyone, held
+every thread, so Coverage timed out and every node's lease lapsed. Here:
+
+- a call waits for its message on the event loop, which costs no thread, and for at most
+  `message_timeout` (DEADLINE_EXCEEDED);
+- a call whose bearer token grants no role allowed for its method is refused from its metadata
+  alone (UNAUTHENTICATED or PERMISSION_DENIED), before its message is read;
+- the methods run on worker threads, node methods (Register, Heartbeat, ...) on a pool of their
+  own, so that client calls cannot starve heartbeats;
+- at most `max_calls_per_peer` calls in progress per IP address, waiting ones included
+  (RESOURCE_EXHAUSTED past it), `max_streams_per_connection` per HTTP/2 connection, `max_calls`
+  in all.
+
+`TrackerServer` keeps the synchronous server's surface its callers use: `port`, and
+`stop(grace)` returning an event to `.wait()` on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import functools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Mapping, Optional
+
+import grpc
+
+from meshnet.identity import requests
+from meshnet.identity import tls as tls_material
+from meshnet.tracker.v1 import tracker_pb2_grpc
+
+SERVICE = "meshnet.tracker.v1.Tracker"
+NODE_METHODS = frozenset({"Register", "Heartbeat", "Drain", "Deregister", "ReportWork"})
+
+
+class Refused(Exception):
+    """A call refused before it is handled (authentication); the server aborts it with `code`."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    node_workers: int = 8  # threads for node methods
+    call_workers: int = 16  # threads for every other method
+    max_calls_per_peer: int = 64  # calls in progress from one IP address, waiting for their message included
+    message_timeout: float = 10.0  # seconds from a call's start to its request message
+    max_streams_per_connection: int = 32  # concurrent calls on one HTTP/2 connection
+    max_calls: int = 1024  # calls in progress in all
+
+
+def peer_address(peer: str) -> str:
+    """'ipv4:1.2.3.4:5678' -> '1.2.3.4', 'ipv6:[::1]:5678' -> '::1'; anything else as it is."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rpartition(":")[0].strip("[]")
+    return peer
+
+
+class _Gate(grpc.aio.ServerInterceptor):
+    """Every Tracker call passes here before its message is read: refused from its metadata
+    alone when its bearer token grants no role allowed for its method; refused when its peer
+    already has max_calls_per_peer calls in progress (waiting ones included); cut when its
+    message has not arrived within message_timeout. Then the method runs."""
+
+    def __init__(self, method_roles: Mapping[str, frozenset[str]], role_of: Callable[[str], Optional[str]],
+                 on_refused: Callable[[str, Refused, float], None], limits: ServerLimits) -> None:
+        self._roles, self._role_of, self._on_refused, self._limits = method_roles, role_of, on_refused, limits
+        self._in_progress: collections.Counter = collections.Counter()  # per peer; the loop thread only
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        service, _, method = details.method.lstrip("/").partition("/")
+        if service != SERVICE:
+            return await continuation(details)
+        if method in self._roles:
+            role = self._role_of(requests.bearer_token(tuple(details.invocation_metadata or ())))
+            if role is None:
+                return self._refusal(method, Refused(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown role token"))
+            if role not in self._roles[method]:
+                return self._refusal(method, Refused(grpc.StatusCode.PERMISSION_DENIED,
+                                                     f"role {role!r} may not call {method}"))
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        return grpc.stream_unary_rpc_method_handler(functools.partial(self._bounded, method, handler.unary_unary),
+                                                    request_deserializer=handler.request_deserializer,
+                                                    response_serializer=handler.response_serializer)
+
+    async def _bounded(self, method: str, behaviour, request_iterator, context: grpc.aio.ServicerContext):
+        peer = peer_address(context.peer())
+        if self._in_progress[peer] >= self._limits.max_calls_per_peer:
+            await self._abort(context, method, Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self._limits.max_calls_per_peer} calls in progress from {peer}; retry later"))
+        self._in_progress[peer] += 1
+        try:
+            try:
+                request = await asyncio.wait_for(context.read(), self._limits.message_timeout)
+            except asyncio.TimeoutError:
+                await self._abort(context, method, Refused(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no request message within {self._limits.message_timeout:g} s of the call"))
+            if request is grpc.aio.EOF:
+                await self._abort(context, method, Refused(grpc.StatusCode.INVALID_ARGUMENT, "no request message"))
+            return await behaviour(request, context)
+        finally:
+            self._in_progress[peer] -= 1
+            if self._in_progress[peer] <= 0:
+                del self._in_progress[peer]
+
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str, refused: Refused) -> None:
+        self._on_refused(method, refused, time.perf_counter())
+        await context.abort(refused.code, refused.message)
+
+    def _refusal(self, method: str, refused: Refused) -> grpc.RpcMethodHandler:
+        self._on_refused(method, refused, time.perf_counter())
+
+        async def refuse(request_iterator, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(refused.code, refused.message)  # the message is never read
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+class _AsyncTracker(tracker_pb2_grpc.TrackerServicer):
+    """Every Tracker method: the synchronous one, run on a pool (node methods on their own)."""
+
+    def __init__(self, service, limits: ServerLimits) -> None:
+        self._service = service
+        self._node_pool = ThreadPoolExecutor(limits.node_workers, thread_name_prefix="tracker-node")
+        self._call_pool = ThreadPoolExecutor(limits.call_workers, thread_name_prefix="tracker-call")
+
+    async def _call(self, method: str, request, context: grpc.aio.ServicerContext):
+        pool = self._node_pool if method in NODE_METHODS else self._call_pool
+        handler = functools.partial(getattr(self._service, method), request, context)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, handler)
+        except Refused as refused:
+            await context.abort(refused.code, refused.message)
+
+    def shutdown(self) -> None:
+        self._node_pool.shutdown(wait=False, cancel_futures=True)
+        self._call_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _method(name: str):
+    async def call(self: _AsyncTracker, request, context):
+        return await self._call(name, request, context)
+    call.__name__ = name
+    return call
+
+
+for _name in (*NODE_METHODS, "Coverage", "OpenRoute", "ReportFailure", "CloseRoute", "RenewRoute", "TakeAudit",
+              "ReportAudit", "TrackerKey"):
+    setattr(_AsyncTracker, _name, _method(_name))
+
+
+class TrackerServer:
+    """The aio server on its own event-loop thread; started by the constructor."""
+
+    def __init__(self, service, method_roles: Mapping[str, frozenset[str]], listen: str,
+                 tls: Optional[tuple[bytes, bytes]], limits: ServerLimits) -> None:
+        self._servicer = _AsyncTracker(service, limits)
+        self._gate = _Gate(method_roles, service.role, service.refused, limits)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="tracker-grpc")
+        self._thread.start()
+        self._stopped = threading.Event()
+        self._stopping = False
+        try:
+            self.port = asyncio.run_coroutine_threadsafe(self._start(listen, tls, limits), self._loop).result()
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._servicer.shutdown()
+            raise
+
+    async def _start(self, listen: str, tls: Optional[tuple[bytes, bytes]], limits: ServerLimits) -> int:
+        self._server = grpc.aio.server(interceptors=[self._gate], maximum_concurrent_rpcs=limits.max_calls,
+                                       options=[("grpc.max_concurrent_streams", limits.max_streams_per_connection)])
+        tracker_pb2_grpc.add_TrackerServicer_to_server(self._servicer, self._server)
+        port = tls_material.bind(self._server, listen, tls)
+        await self._server.start()
+        return port
+
+    def stop(self, grace: Optional[float] = None) -> threading.Event:
+        """Stops serving (calls in progress get `grace` seconds); the event is set once stopped."""
+        if not self._stopping:
+            self._stopping = True
+
+            async def stop() -> None:
+                try:
+                    await self._server.stop(grace)
+                finally:
+                    self._servicer.shutdown()
+                    self._stopped.set()
+                    self._loop.stop()
+
+            asyncio.run_coroutine_threadsafe(stop(), self._loop)
+        return self._stopped

@@ -1,0 +1,131 @@
+"""Issue 35, finding 2: calls that never send their message no longer freeze the tracker. A real
+tracker (grpc_server.py) on loopback; the attacks are raw gRPC calls whose request stream never
+yields, which is what a unary call whose message never arrives looks like on the wire; beside
+them a node registers and heartbeats and a client asks for Coverage, and must be answered."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from meshnet.identity.keys import Identity
+from meshnet.identity.requests import TOKEN_METADATA
+from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.tracker.grpc_server import SERVICE, ServerLimits, peer_address
+from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.registry import CertifiedModel, Registry
+from meshnet.tracker.service import new_role_tokens, serve
+from meshnet.wire import tracker as tt
+from meshnet.wire.seam import Fingerprints, ProtocolVersion
+
+MODEL = CertifiedModel("smol", "llama", 30, "sha256:art", "sha256:rec")
+ANSWERED_WITHIN_S = 5.0  # an honest call during an attack (the old server: never, until the attack ended)
+
+
+class Attack:
+    """`n` calls to `method` that send their metadata (the role token, if any) and never their
+    message; `outcomes` gets each call's status code as it ends."""
+
+    def __init__(self, address: str, method: str, n: int, token: str = "") -> None:
+        self.release = threading.Event()
+        # A connection of its own (gRPC would otherwise share one with the honest clients' channels).
+        self.channel = grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        call = self.channel.stream_unary(f"/{SERVICE}/{method}")
+        metadata = ((TOKEN_METADATA, f"Bearer {token}"),) if token else ()
+        self.futures = [call.future(self._never(), metadata=metadata) for _ in range(n)]
+
+    def _never(self):
+        self.release.wait()
+        return
+        yield  # a generator that yields nothing, after the release
+
+    def outcomes(self, timeout: float) -> list[grpc.StatusCode]:
+        codes = []
+        for future in self.futures:
+            try:
+                future.result(timeout=timeout)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as err:
+                codes.append(err.code())
+        return codes
+
+    def stop(self) -> None:
+        self.release.set()
+        for future in self.futures:
+            future.cancel()
+        self.channel.close()
+
+
+@pytest.fixture
+def tracker(tmp_path, request):
+    limits = getattr(request, "param", ServerLimits())
+    ledger = Ledger(tmp_path / "ledger.db")
+    tokens = new_role_tokens()
+    server, port = serve(Registry([MODEL], lease_seconds=30), ledger, "127.0.0.1:0", tokens, Identity.generate(),
+                         limits=limits)
+    yield f"127.0.0.1:{port}", tokens
+    server.stop(grace=0).wait()
+    ledger.close()
+
+
+def honest_calls(address: str, tokens: dict) -> float:
+    """A node registers and heartbeats, a client asks for Coverage; the seconds it took."""
+    started = time.monotonic()
+    key = Identity.generate()
+    info = tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama",
+                       Fingerprints("sha256:art", "sha256:rec"), "", tt.LayerRange(0, 30), tt.Capacity(4, 4096, 0),
+                       30, key.public_key, "")
+    with TrackerClient(address, tokens["node"], key, timeout=ANSWERED_WITHIN_S) as node:
+        assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), info)).admission == tt.Admission.ROUTABLE
+        assert node.heartbeat(key.node_id).status.ok
+    with TrackerClient(address, tokens["client"], Identity.generate(), timeout=ANSWERED_WITHIN_S) as client:
+        assert client.coverage("smol").routable_count >= 1
+    return time.monotonic() - started
+
+
+def test_calls_without_a_token_are_refused_before_their_message(tracker):
+    address, tokens = tracker
+    attack = Attack(address, "Coverage", 64)
+    try:
+        assert attack.outcomes(timeout=ANSWERED_WITHIN_S) == [grpc.StatusCode.UNAUTHENTICATED] * 64
+        assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
+    finally:
+        attack.stop()
+
+
+def test_calls_waiting_for_their_message_hold_no_thread(tracker):
+    """48 calls with the client token that never send their message: 3 times the old server's
+    16 threads. Heartbeats and Coverage are still answered."""
+    address, tokens = tracker
+    attack = Attack(address, "OpenRoute", 48, tokens["client"])
+    try:
+        time.sleep(0.5)  # every attacking call is in
+        assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
+        assert not any(f.done() for f in attack.futures)  # they are still waiting
+    finally:
+        attack.stop()
+
+
+@pytest.mark.parametrize("tracker", [ServerLimits(max_calls_per_peer=8, message_timeout=1.0)], indirect=True)
+def test_a_peer_past_its_share_is_refused_and_waiting_calls_are_cut_at_the_deadline(tracker):
+    address, tokens = tracker
+    attack = Attack(address, "Coverage", 8, tokens["client"])
+    try:
+        time.sleep(0.3)
+        with TrackerClient(address, tokens["client"], Identity.generate(), timeout=ANSWERED_WITHIN_S) as client:
+            with pytest.raises(grpc.RpcError) as refused:
+                client.coverage("smol")
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert attack.outcomes(timeout=3.0) == [grpc.StatusCode.DEADLINE_EXCEEDED] * 8
+        assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
+    finally:
+        attack.stop()
+
+
+def test_peer_addresses():
+    assert peer_address("ipv4:10.1.2.3:5678") == "10.1.2.3"
+    assert peer_address("ipv6:[::1]:5678") == "::1"
+    assert peer_address("unix:/tmp/sock") == "unix:/tmp/sock"
