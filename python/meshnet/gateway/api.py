@@ -245,9 +245,18 @@ async def _read_json(request: Request, limit: int) -> object:
         if len(body) > limit:
             raise ApiError(413, f"request body over {limit} bytes", code="request_too_large")
     try:
-        return json.loads(body)
+        data = json.loads(body)
     except ValueError as err:
         raise bad_request(f"the request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
+    try:  # a lone surrogate (a "\\ud800" escape) is valid JSON but no text: refuse it here, not at encoding
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("the request body holds a lone surrogate (an unpaired \\uD800-\\uDFFF escape)") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
+    return data
 
 
 def _served(gateway: Gateway, model: str) -> ServedModel:

@@ -132,3 +132,23 @@ def test_prompts_are_built_a_few_at_a_time():
             t.join(20)
         assert results == [200] * 6
         assert tokenizer.calls == 6 and tokenizer.most_at_once == 2
+
+
+MALFORMED = [  # (what, raw body, param): each was a 500 or a 503 quoting an internal error (finding 14)
+    ("JSON nested 200,000 deep", b"[" * 200_000 + b"]" * 200_000, None),
+    ("a lone surrogate in the prompt", b'{"model": "fake", "prompt": "x\\ud800y"}', None),
+    ("max_tokens 1e12", json.dumps({**COMPLETION, "max_tokens": 10 ** 12}).encode(), "max_tokens"),
+]
+
+
+@pytest.mark.parametrize("what,raw,param", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_bodies_are_refused_400_and_an_honest_request_beside_them_is_served(what, raw, param):
+    gateway = Gateway([ServedModel("fake", FakeTokenizer())], FakeSwarmBackend(), None,
+                      GatewayConfig(max_body_bytes=1 << 20))
+    with running(gateway) as port:
+        status, _, data = request(port, "POST", "/v1/completions", raw=raw, key=None)
+        error = json.loads(data)["error"]
+        assert (status, error["type"], error["param"]) == (400, "invalid_request_error", param), error
+        assert "Traceback" not in error["message"] and "Error(" not in error["message"]
+        status, _, data = request(port, "POST", "/v1/completions", COMPLETION, key=None)
+        assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"

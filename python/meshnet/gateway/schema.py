@@ -18,6 +18,7 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 1024
+MAX_TOKENS = 1 << 20  # max_tokens past this is a 400 (a route's own limit, if lower, answers 400 too)
 
 
 class _Body(BaseModel):
@@ -48,7 +49,7 @@ class StreamOptions(_Body):
 
 class _Common(_Body):
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: Optional[int] = Field(None, ge=0, le=(1 << 63) - 1)
@@ -89,7 +90,7 @@ class _Common(_Body):
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 

@@ -212,13 +212,13 @@ class Registry:
         decision), so it does not take the lock."""
         limit = min(max_nodes, MAX_COVERAGE_NODES) if max_nodes > 0 else MAX_COVERAGE_NODES
         nodes = sorted(self._live_nodes(model), key=lambda n: n.info.node_id)
-        quarantined_ids = self._store.quarantined()
+        quarantined_ids, banned_ids = self._store.quarantined(), self._store.banned()
         certified = self._models.get(model)
         if certified is None and not nodes:
             return tt.CoverageReply(_error(StatusCode.NOT_FOUND, f"unknown model {model!r}"))
         n_layer = certified.n_layer if certified else max(n.info.n_layer for n in nodes)
         routable = [n for n in nodes if n.admission == tt.Admission.ROUTABLE and not n.draining
-                    and n.info.node_id not in quarantined_ids]
+                    and n.info.node_id not in quarantined_ids and n.info.node_id not in banned_ids]
         replicas, listed = [0] * n_layer, [[] for _ in range(n_layer)]
         for n in routable:  # by node id, so each layer lists its first ones
             for layer in range(n.info.layers.start, min(n.info.layers.end, n_layer)):

@@ -220,9 +220,12 @@ def test_failure_fences_the_epoch_and_bans_the_node(registry, clock):
     stale = fail(registry, first.session, failed)
     assert stale.status.code == StatusCode.STALE_EPOCH and stale.session.epoch == 2
     assert registry.close_route(first.session, CLIENT.public_key).code == StatusCode.STALE_EPOCH
-    # The ban keeps the failed node out of other sessions' routes until it runs out.
+    # The ban keeps the failed node out of other sessions' routes until it runs out, and out of
+    # Coverage's routable counts (issue 35, finding 16: a banned node was counted routable).
     other = open_route(registry)
     assert failed not in [h.node.node_id for h in other.hops]
+    cover = registry.coverage("smol")
+    assert cover.routable_count == 1 and all(failed not in layer.node_ids for layer in cover.layers)
     clock.now += 6
     registry.heartbeat(nid("a"), None, key("a").public_key)
     registry.heartbeat(nid("b"), None, key("b").public_key)
