@@ -44,7 +44,11 @@ SYNTHETIC_LANES = ("synthetic_1b_llama_cpp_single_process", "synthetic_1b_gguf_r
 # Issue 29: the synthetic ~8B (//tools:synthetic_big_model), run with --synthetic-8b-gguf: a
 # 4-node ring against one llama.cpp process holding the whole model.
 BIG_MODEL_NODES = 4
-BIG_MODEL_LANES = ("synthetic_8b_llama_cpp_single_process", "synthetic_8b_gguf_ring_4_nodes")
+# The last two are diagnostics (no contract check): upstream without its repacked copy of the
+# weights (what the nodes run: the mapped file itself), and the ring on upstream's CPU kernels.
+BIG_MODEL_LANES = ("synthetic_8b_llama_cpp_single_process", "synthetic_8b_gguf_ring_4_nodes",
+                   "synthetic_8b_llama_cpp_single_process_no_repack",
+                   "synthetic_8b_gguf_ring_4_nodes_optimized_kernels")
 # Issue 17: the ring with audits at 5% (commitments kept, the verifier role running on this
 # machine) against no commitments and no audits; and every session audited, the verifier's
 # worst case here (a lane's few sessions seldom draw a 5% audit), which also measures its cost.
@@ -92,6 +96,9 @@ LABELS = {
     "synthetic_1b_reference_route_3_nodes": "synthetic 1.1B: Transformers fp32 reference route, {k} nodes",
     "synthetic_8b_llama_cpp_single_process": "synthetic 8B Q4_0: llama.cpp, one process (batched-bench)",
     "synthetic_8b_gguf_ring_4_nodes": f"synthetic 8B Q4_0: GGUF route, {BIG_MODEL_NODES} nodes, ring decode",
+    "synthetic_8b_llama_cpp_single_process_no_repack": "synthetic 8B Q4_0: llama.cpp, one process, --no-repack",
+    "synthetic_8b_gguf_ring_4_nodes_optimized_kernels": f"synthetic 8B Q4_0: GGUF route, {BIG_MODEL_NODES} nodes, ring "
+                                                        "decode, upstream's CPU kernels (not the certified runtime)",
 }
 RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
 
@@ -191,10 +198,10 @@ class Bench:
         progress("done" if lane["available"] else f"not available: {lane['reason']}")
         return lane
 
-    def llama_single(self, model: Path, prompts: list[int], concurrency: list[int]) -> Lane:
+    def llama_single(self, model: Path, prompts: list[int], concurrency: list[int], extra: tuple = ()) -> Lane:
         a = self.args
         lane = llama_lanes.single_process(a.batched_bench, model, self.grid(prompts, concurrency), a.tokens,
-                                          a.threads, self.n_ctx, self.work)
+                                          a.threads, self.n_ctx, self.work, extra)
         lane["kv_bytes"] = self.n_ctx * self.facts(model)["kv_bytes_per_token_layer"] * self.n_layer(model)
         lane["notes"] = ["upstream llama.cpp (no Meshnet patches) at the pinned commit; prompts are random tokens "
                          "(batched-bench), so output drift is measured separately (teacher-forced)"]
@@ -394,6 +401,11 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
                                                                             concurrency),
         "synthetic_8b_gguf_ring_4_nodes": lambda: bench.route(bench.synthetic("8b"), "gguf", BIG_MODEL_NODES, short,
                                                               concurrency, progress, options=RouteOptions(ring=True)),
+        "synthetic_8b_llama_cpp_single_process_no_repack": lambda: bench.llama_single(
+            bench.synthetic("8b"), list(short), concurrency, extra=("--no-repack",)),
+        "synthetic_8b_gguf_ring_4_nodes_optimized_kernels": lambda: bench.route(
+            bench.synthetic("8b"), "gguf", BIG_MODEL_NODES, short, concurrency, progress,
+            options=RouteOptions(ring=True, reference_kernels=False)),
     })
     speculation_pairs = [("gguf_ring_3_nodes_spec", "gguf_ring_3_nodes")]
     for d in WAN_DELAYS_MS:

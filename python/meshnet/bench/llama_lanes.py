@@ -44,10 +44,10 @@ def batched_bench_cells(output: str) -> list[Cell]:
 
 
 def _command(binary: Path, gguf: Path, prompts: Sequence[int], concurrency: Sequence[int], tokens: int,
-             threads: int, n_ctx: int) -> list[str]:
+             threads: int, n_ctx: int, extra: Sequence[str] = ()) -> list[str]:
     return [str(binary), "-m", str(gguf), "-c", str(n_ctx), "-b", "2048", "-ub", "512",
             "-npp", ",".join(map(str, prompts)), "-ntg", str(tokens), "-npl", ",".join(map(str, concurrency)),
-            "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
+            "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl", *extra]
 
 
 def grid_commands(grid: Sequence[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
@@ -76,10 +76,11 @@ def _run(cmd: list[str], log: Path) -> tuple[str, int]:
 
 
 def single_process(binary: Path, gguf: Path, grid: Sequence[tuple[int, int]], tokens: int, threads: int,
-                   n_ctx: int, workdir: Path) -> Lane:
+                   n_ctx: int, workdir: Path, extra: Sequence[str] = ()) -> Lane:
+    """batched-bench over `grid`; `extra`: more of its flags (e.g. --no-repack)."""
     cells, rss, commands = [], 0, []
     for i, (prompts, concurrency) in enumerate(grid_commands(grid)):
-        cmd = _command(binary, gguf, prompts, concurrency, tokens, threads, n_ctx)
+        cmd = _command(binary, gguf, prompts, concurrency, tokens, threads, n_ctx, extra)
         text, run_rss = _run(cmd, workdir / f"llama_cpp_single_process-{i}.log")
         cells += batched_bench_cells(text)
         rss, commands = max(rss, run_rss), commands + [" ".join(cmd[1:])]
