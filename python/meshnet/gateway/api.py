@@ -183,11 +183,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         metrics.refusals.labels(str(err.http_status)).inc()
         return JSONResponse(err.body(), status_code=err.http_status, headers=err.headers())
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        metrics.requests.labels(_endpoint(request.url.path), str(response.status_code)).inc()
-        return response
+    app.add_middleware(_CountRequests, metrics=metrics)
 
     @app.get("/healthz")
     async def healthz() -> PlainTextResponse:
@@ -218,6 +214,30 @@ def create_app(gateway: Gateway) -> FastAPI:
         return await _generate(gateway, request, schema.CompletionRequest, "text", _completion_prompt)
 
     return app
+
+
+class _CountRequests:
+    """ASGI middleware: counts every answer by endpoint and status. Pure ASGI, not Starlette's
+    BaseHTTPMiddleware, which wraps `receive` so that a handler never sees its client leave."""
+
+    def __init__(self, app, metrics: GatewayMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.requests.labels(_endpoint(scope["path"]), str(status[0])).inc()
 
 
 # ---- requests --------------------------------------------------------------------------------
@@ -360,21 +380,28 @@ def _params(body, served: ServedModel, alternatives: Optional[int], config: Gate
 # ---- responses -------------------------------------------------------------------------------
 
 async def _respond(request: Request, run: _Generation, body, kind: str, alternatives: Optional[int]) -> Response:
-    await run.open()
+    """The response; a client that leaves before it is complete cancels the route at once (issue
+    35, finding 10): a watcher waits for the disconnect from the moment the body is read until the
+    first token (streaming: StreamingResponse watches from there on) or the whole answer."""
     ident = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     if body.stream:
+        if not await _unless_disconnected(request, run, run.open()):
+            return Response(status_code=499)
         return StreamingResponse(_sse(request, run, body, kind, alternatives, ident, created),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     text, tokens = [], []
-    try:
+
+    async def answer() -> None:
+        await run.open()
         async for piece in run.pieces():
             text.append(piece.text)
-            tokens += piece.tokens
-            if len(text) % 16 == 0 and await request.is_disconnected():  # nobody waits for the answer
-                run.close(disconnected=True)
-                return Response(status_code=499)
+            tokens.extend(piece.tokens)
+
+    try:
+        if not await _unless_disconnected(request, run, answer()):
+            return Response(status_code=499)  # nobody waits for the answer
     finally:
         run.close()
     content = "".join(text)
@@ -388,6 +415,29 @@ async def _respond(request: Request, run: _Generation, body, kind: str, alternat
         obj = "text_completion"
     return JSONResponse({"id": ident, "object": obj, "created": created, "model": run.served.name,
                          "choices": [choice], "usage": run.usage()})
+
+
+async def _unless_disconnected(request: Request, run: _Generation, work) -> bool:
+    """Runs `work` while watching for the client's disconnect; True when it completed (its
+    exception, if any, raised), False when the client left first (the route is cancelled)."""
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler cancelled (the server stopping): the work goes with it
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        task.result()
+        return True
+    task.cancel()
+    run.close(disconnected=True)
+    return False
 
 
 async def _sse(request: Request, run: _Generation, body, kind: str, alternatives: Optional[int], ident: str,

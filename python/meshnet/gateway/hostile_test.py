@@ -152,3 +152,40 @@ def test_malformed_bodies_are_refused_400_and_an_honest_request_beside_them_is_s
         assert "Traceback" not in error["message"] and "Error(" not in error["message"]
         status, _, data = request(port, "POST", "/v1/completions", COMPLETION, key=None)
         assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"
+
+
+def leave_after(port: int, body: dict, seconds: float) -> None:
+    """Sends the request, then resets the connection after `seconds`, having read nothing."""
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        time.sleep(seconds)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "not streaming"])
+def test_a_client_that_leaves_before_the_answer_cancels_its_route_at_once(stream):
+    """Finding 10: a reset before the first response byte kept the hops busy 5-11 s; a
+    non-streaming request ran to its end after its client was gone, holding the key's slot."""
+    backend = FakeSwarmBackend()
+    backend.gap = 2.0  # a token every 2 s: the first after 2 s, the whole answer after 28 s
+    keys = KeyRing([ApiKey("alice", digest(KEY), 1)])
+    gateway = Gateway([ServedModel("fake", FakeTokenizer())], backend, keys, GatewayConfig())
+    with running(gateway) as port:
+        leaves_after = 0.2 if stream else 2.5  # before the first token; after it
+        started = time.monotonic()
+        threading.Thread(target=leave_after, args=(port, {**COMPLETION, "stream": stream}, leaves_after),
+                         daemon=True, name="leaver").start()
+        deadline = time.monotonic() + 5
+        while not (backend.streams and backend.streams[-1].cancelled) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert backend.streams and backend.streams[-1].cancelled
+        assert time.monotonic() - started < leaves_after + 1.0
+        deadline = time.monotonic() + 2
+        while keys.in_use("alice") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert keys.in_use("alice") == 0  # the slot is free again: the honest request is served
+        backend.gap = 0.0
+        status, _, data = request(port, "POST", "/v1/completions", COMPLETION, key=KEY)
+        assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"
