@@ -254,6 +254,8 @@ class Registry:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {request.expected_tokens} is too large"))
         if len(request.client_id) > MAX_ID_CHARS:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, f"client_id must be at most {MAX_ID_CHARS} characters"))
+        if not request.client_id.isprintable():
+            return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "client_id must be printable text"))
         with self._lock:
             model = self._models.get(request.model)
             if model is None:
@@ -309,7 +311,9 @@ class Registry:
                 return _stale(request.session, now)
             return reply
 
-    def close_route(self, route: Optional[RouteSession], caller: bytes) -> Status:
+    def close_route(self, route: Optional[RouteSession], caller: bytes, audit: bool = True) -> Status:
+        """Ends a route (its opener only, at its current epoch); `audit`: offer it to the audits
+        (False for a route withdrawn before it was used)."""
         if route is None:
             return _error(StatusCode.INVALID_ARGUMENT, "no route session given")
         # One store read on the way that succeeds: the store checks epoch and opener as it removes.
@@ -322,7 +326,7 @@ class Registry:
             if session.client_key != caller:
                 return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
             return _error(StatusCode.UNAVAILABLE, "close raced; retry", True)
-        if closed.hops:
+        if closed.hops and audit:
             self._on_close(RouteSession(route.session_id, closed.epoch), closed.model, closed.hops)
         return OK
 

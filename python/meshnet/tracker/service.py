@@ -110,9 +110,9 @@ class TrackerService:
         except StoreError as err:  # etcd out of reach (UNAVAILABLE: another tracker may answer), a record too large
             log("store_error", method=method, error=str(err))
             reply = reply_cls(Status(err.code, str(err), err.retryable))
-        except Exception as err:  # a bug must not take the tracker down; report it
+        except Exception as err:  # a bug must not take the tracker down; log it, tell nothing of it
             log("internal_error", method=method, error=repr(err))
-            reply = reply_cls(Status(StatusCode.INTERNAL, f"tracker error: {err!r}"))
+            reply = reply_cls(Status(StatusCode.INTERNAL, "tracker error (in the tracker's log)"))
         self._metrics.answered(method, reply.status.code.name, time.perf_counter() - started)
         return codec.to_proto(reply)
 
@@ -179,7 +179,7 @@ class TrackerService:
 
     def OpenRoute(self, request, context):  # noqa: N802
         def work(req: tt.OpenRouteRequest, caller: bytes) -> tt.RouteReply:
-            reply = self._ticketed(self._registry.open_route(req, caller), caller, req.expected_tokens, req.client_id)
+            reply = self._issued(self._registry.open_route(req, caller), caller, req.expected_tokens, req.client_id)
             self._metrics.route_opens.labels(self._metrics.model_label(req.model), reply.status.code.name).inc()
             log("open_route", model=req.model, client=keys.principal(caller), client_id=req.client_id,
                 status=reply.status.code.name, session=reply.session.session_id if reply.session else None,
@@ -191,8 +191,8 @@ class TrackerService:
         def work(req: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
             reply = self._registry.report_failure(req, caller)
             if reply.status.ok:
-                reply = self._ticketed(reply, caller, self._registry.expected_tokens(reply.session),
-                                       self._registry.client_id(reply.session))
+                reply = self._issued(reply, caller, self._registry.expected_tokens(reply.session),
+                                     self._registry.client_id(reply.session))
             self._metrics.failovers.labels(reply.status.code.name).inc()
             log("report_failure", session=req.session, failed=req.failed_node_id, status=reply.status.code.name,
                 epoch=reply.session.epoch if reply.session else None)
@@ -223,6 +223,18 @@ class TrackerService:
 
     def TrackerKey(self, request, context):  # noqa: N802
         return codec.to_proto(tt.TrackerKeyReply(Status(StatusCode.OK), self._ticket_key.public_key))
+
+    def _issued(self, reply: tt.RouteReply, client_key: bytes, expected_tokens: int, client_id: str) -> tt.RouteReply:
+        """`reply` ticketed (below); when the ledger cannot record it, the route is withdrawn (its
+        capacity returns at once, not at its lease's end) and the caller told to retry."""
+        try:
+            return self._ticketed(reply, client_key, expected_tokens, client_id)
+        except Exception as err:
+            log("route_withdrawn", session=reply.session.session_id if reply.session else None, error=repr(err))
+            if reply.session is not None:
+                self._registry.close_route(reply.session, client_key, audit=False)
+            return tt.RouteReply(Status(StatusCode.UNAVAILABLE, "the ledger could not record this route; retry",
+                                        retryable=True))
 
     def _ticketed(self, reply: tt.RouteReply, client_key: bytes, expected_tokens: int, client_id: str) -> tt.RouteReply:
         """The reply with a signed ticket on every hop; its triples are in the ledger first."""
