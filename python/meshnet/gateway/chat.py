@@ -8,14 +8,23 @@ Invariant: for well-formed messages the output equals HF transformers'
 template: the same jinja2 sandbox and settings, filters and globals (chat_test.py checks it).
 Messages are checked first; a malformed message or a failing template raises ChatTemplateError
 (the gateway answers 400), never another exception type.
+
+A template is untrusted code from a model file, so rendering is bounded (issue 35, finding 11):
+at most RENDER_SECONDS of the rendering thread (a trace function checks the clock on every line
+the template runs, loops included, and stops it), strings and lists that `*`, `%` and the
+growing str methods would make past MAX_RENDER_CHARS refused before they are made, and the
+output cut at MAX_RENDER_CHARS.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
+import sys
+import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Optional
 
 import jinja2
 import jinja2.ext
@@ -24,6 +33,8 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROLES = ("system", "user", "assistant", "tool")
+RENDER_SECONDS = 1.0  # of the rendering thread's time for one prompt
+MAX_RENDER_CHARS = 4 << 20  # of any string or list a template makes, and of its output
 
 
 class ChatTemplateError(ValueError):
@@ -38,11 +49,54 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
     compiled = _compile(template)
     extra.setdefault("tools", None)
     extra.setdefault("documents", None)
+    deadline = _Deadline(RENDER_SECONDS)
+    out: list[str] = []
+    size = 0
     try:
-        return compiled.render(messages=checked, bos_token=bos_token, eos_token=eos_token,
-                               add_generation_prompt=add_generation_prompt, **extra)
+        with deadline:
+            for chunk in compiled.generate(messages=checked, bos_token=bos_token, eos_token=eos_token,
+                                           add_generation_prompt=add_generation_prompt, **extra):
+                size += len(chunk)
+                if size > MAX_RENDER_CHARS:
+                    raise _Bound(f"its output passed {MAX_RENDER_CHARS} characters")
+                out.append(chunk)
+    except _Bound as bound:
+        raise ChatTemplateError(f"chat template stopped: {bound}") from None
     except Exception as err:  # a template is untrusted code: any failure of it is the template's
+        if deadline.expired:
+            raise ChatTemplateError(f"chat template stopped: it ran past {RENDER_SECONDS:g} s") from None
         raise ChatTemplateError(f"chat template failed: {type(err).__name__}: {err}") from None
+    return "".join(out)
+
+
+class _Bound(Exception):
+    """A template past one of the rendering bounds."""
+
+
+class _Deadline:
+    """While entered, the current thread stops with _Bound once `seconds` have passed: a trace
+    function checks the clock on every line of Python run (the compiled template's included).
+    Any other trace function of the thread (a debugger, coverage) is put back on exit."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.expired = seconds, False
+        self._until = 0.0
+        self._previous: Optional[Any] = None
+
+    def __enter__(self) -> "_Deadline":
+        self._until = time.monotonic() + self.seconds
+        self._previous = sys.gettrace()
+        sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.settrace(self._previous)
+
+    def _trace(self, frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > self._until:
+            self.expired = True
+            raise _Bound(f"it ran past {self.seconds:g} s")
+        return self._trace
 
 
 def _checked_messages(messages: Any) -> list[dict]:
@@ -141,10 +195,51 @@ class _Dict:
         return dict.fromkeys(*args, **kwargs)
 
 
+_WIDE_FORMAT = re.compile(r"%[-+ #0]*(\d{6,}|\*)|\.(\d{6,}|\*)")  # a printf width or precision of a million or more
+_GROWING_METHODS = {"center", "ljust", "rjust", "zfill"}  # str methods whose first argument is the result's width
+
+
+def _check_size(n: int) -> None:
+    if n > MAX_RENDER_CHARS:
+        raise _Bound(f"it would make a value of {n} characters (at most {MAX_RENDER_CHARS})")
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with the sizes of what `*`, `%`, str.replace and the padding methods make
+    checked before they are made, and of anything any call returns after."""
+
+    intercepted_binops = frozenset(["*", "**", "%"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                    _check_size(len(seq) * max(times, 0))
+        elif operator == "**" and isinstance(right, int) and abs(right) > 1024:
+            raise _Bound(f"an exponent of {right}")
+        elif operator == "%" and isinstance(left, str) and _WIDE_FORMAT.search(left):
+            raise _Bound("a printf width or precision of a million or more")
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's)
+        owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
+        if isinstance(owner, str):
+            if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                _check_size(len(owner) + owner.count(args[0]) * max(0, len(args[1]) - len(args[0])) if args[0]
+                            else len(owner) * (len(args[1]) + 1))
+            elif name in _GROWING_METHODS and args and isinstance(args[0], int):
+                _check_size(args[0])
+            elif name == "expandtabs":
+                _check_size(len(owner) * max([8, *(a for a in args if isinstance(a, int))]))
+        result = super().call(__context, __obj, *args, **kwargs)
+        if isinstance(result, (str, list, tuple, dict)):
+            _check_size(len(result))
+        return result
+
+
 @functools.lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_Dict(),
                        namespace=_Namespace)

@@ -189,3 +189,41 @@ def test_a_client_that_leaves_before_the_answer_cancels_its_route_at_once(stream
         backend.gap = 0.0
         status, _, data = request(port, "POST", "/v1/completions", COMPLETION, key=KEY)
         assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"
+
+
+class HostileTemplateTokenizer(FakeTokenizer):
+    """Test fake: FakeTokenizer whose GGUF chat template is `template`."""
+
+    def __init__(self, template: str) -> None:
+        self.chat_template = template
+
+
+HOSTILE_TEMPLATES = [  # (what, template): each exhausted the gateway's CPU or memory (finding 11)
+    ("a string repeated 1.5e9 times", "{{ 'a' * 1500000000 }}"),
+    ("nested loops of 1e5", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"),
+    ("nested loops over strings", "{% for c in 'x' * 100000 %}{% for d in 'y' * 100000 %}{% endfor %}{% endfor %}"),
+    ("a replace that multiplies", "{% set s = 'a' * 100000 %}{{ s.replace('a', 'b' * 100000) }}"),
+    ("a printf width of a billion", "{{ '%1000000000d' % 1 }}"),
+    ("an output past the bound", "{% for i in range(100000) %}{{ 'z' * 100 }}{% endfor %}"),
+]
+
+
+@pytest.mark.parametrize("what,template", HOSTILE_TEMPLATES, ids=[h[0] for h in HOSTILE_TEMPLATES])
+def test_a_hostile_chat_template_is_stopped_and_the_gateway_serves_meanwhile(what, template):
+    models = [ServedModel("hostile", HostileTemplateTokenizer(template)), ServedModel("fake", FakeTokenizer())]
+    gateway = Gateway(models, FakeSwarmBackend(), None, GatewayConfig())
+    with running(gateway) as port:
+        result: dict = {}
+        attacker = threading.Thread(target=lambda: result.setdefault("reply", request(
+            port, "POST", "/v1/chat/completions", {"model": "hostile", "messages": [{"role": "user", "content": "x"}]},
+            key=None)))
+        started = time.monotonic()
+        attacker.start()
+        assert request(port, "GET", "/healthz", key=None)[0] == 200
+        status, _, data = request(port, "POST", "/v1/completions", COMPLETION, key=None)
+        assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"
+        attacker.join(10)
+        status, _, data = result["reply"]
+        error = json.loads(data)["error"]
+        assert (status, error["param"]) == (400, "messages") and "chat template stopped" in error["message"], error
+        assert time.monotonic() - started < 5.0
