@@ -22,7 +22,7 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.requests import sign_request
 from meshnet.process import log
 from meshnet.relay.errors import RelayUnavailable
-from meshnet.relay.server import ATTACH, CHUNK_BYTES, CONNECTION_METADATA, GRPC_OPTIONS, PING, PIPE
+from meshnet.relay.server import ATTACH, CHUNK_BYTES, CONNECTION_METADATA, KEEPALIVE_MS, PING, PIPE, agent_options
 from meshnet.relay.v1 import relay_pb2, relay_pb2_grpc
 
 PINGS = 5
@@ -31,13 +31,15 @@ PINGS = 5
 class RelayAgent:
     def __init__(self, relay: str, identity: Identity, token: str, local: Callable[[], str], *,
                  ca: Optional[bytes] = None, on_address: Callable[[str], None] = lambda address: None,
-                 max_backoff: float = 30.0) -> None:
+                 max_backoff: float = 30.0, keepalive_ms: int = KEEPALIVE_MS) -> None:
         """`relay`: host:port of the Relay service; `ca`: PEM that verifies its TLS certificate
         (None = plaintext, development only). `local()`: host:port of the shard service that
         connections are piped to (asked per connection: a restarted worker may move)."""
         self._relay, self._identity, self._token, self._local = relay, identity, token, local
         self._ca, self._on_address, self._max_backoff = ca, on_address, max_backoff
+        self._options = agent_options(keepalive_ms)
         self.address = ""  # the allocation; "" until attached
+        self.attaches = 0  # allocations received so far (more than 1: the agent attached again)
         self.rtt_ms = 0.0
         self.pipes = 0  # connections piped so far
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -93,9 +95,9 @@ class RelayAgent:
 
     def _channel(self) -> grpc.aio.Channel:
         if self._ca is None:
-            return grpc.aio.insecure_channel(self._relay, options=GRPC_OPTIONS)
+            return grpc.aio.insecure_channel(self._relay, options=self._options)
         return grpc.aio.secure_channel(self._relay, grpc.ssl_channel_credentials(root_certificates=self._ca),
-                                       options=GRPC_OPTIONS)
+                                       options=self._options)
 
     async def _attach_once(self) -> None:
         async with self._channel() as channel:
@@ -109,6 +111,7 @@ class RelayAgent:
                         self.rtt_ms = await self._measure_rtt(stub)
                         changed = self.address and self.address != event.allocation.address
                         self.address = event.allocation.address
+                        self.attaches += 1
                         log("relay_allocation", relay=self._relay, address=self.address, rtt_ms=round(self.rtt_ms, 3))
                         self._attached.set()
                         if changed:

@@ -185,3 +185,19 @@ def test_connections_are_bounded_and_an_unpiped_one_is_closed(relay_tls):
         events.cancel()
         channel.close()
         relay.stop()
+
+
+def test_an_idle_agent_keeps_its_allocation(shard, relay_tls):
+    """Issue 35, finding 9: an idle relayed node lost its address about every 30 s, the relay
+    answering its keepalive pings with GOAWAY too_many_pings. Pings every 0.5 s here, so that 5 s
+    hold 10 of them, past the 2 strikes a gRPC server allows by default."""
+    relay = start_relay(relay_tls, keepalive_ms=500)
+    agent = RelayAgent(relay.address, Identity.generate(), TOKEN, lambda: shard[0], ca=relay_tls[0], keepalive_ms=500)
+    try:
+        address = agent.start(timeout=20)
+        time.sleep(5)
+        assert agent.attaches == 1 and agent.address == address
+        assert ping_through(address, shard[1]) == "shard-behind-nat"  # and it still serves there
+    finally:
+        agent.stop()
+        relay.stop()

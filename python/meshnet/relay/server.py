@@ -39,15 +39,32 @@ ATTACH = "/meshnet.relay.v1.Relay/Attach"
 PIPE = "/meshnet.relay.v1.Relay/Pipe"
 PING = "/meshnet.relay.v1.Relay/Ping"
 CONNECTION_METADATA = "x-meshnet-connection"
-GRPC_OPTIONS = [("grpc.max_receive_message_length", CHUNK_BYTES + 1024),
-                ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 10_000),
-                ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
+KEEPALIVE_MS = 10_000  # an agent pings its relay this often, calls or not
+
+
+def agent_options(keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:
+    """The agent's channel: a ping every `keepalive_ms`, even while idle."""
+    return [("grpc.max_receive_message_length", CHUNK_BYTES + 1024), ("grpc.keepalive_time_ms", keepalive_ms),
+            ("grpc.keepalive_timeout_ms", 10_000), ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]
+
+
+def relay_options(keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:
+    """The relay's server, in agreement with agent_options (issue 35, finding 9): gRPC servers by
+    default take a ping without data at most every 5 minutes and answer the third early one with
+    GOAWAY too_many_pings, which cut every idle agent off about every 30 s. Pings half as far
+    apart as the agents' are accepted; faster ones still earn strikes."""
+    return [("grpc.max_receive_message_length", CHUNK_BYTES + 1024), ("grpc.keepalive_time_ms", keepalive_ms),
+            ("grpc.keepalive_timeout_ms", 10_000), ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", keepalive_ms // 2)]  # what it accepts
 
 
 @dataclasses.dataclass(frozen=True)
 class RelayLimits:
     max_nodes: int = 256  # allocations at once
     max_connections_per_node: int = 64  # open connections to one allocation
+    keepalive_ms: int = KEEPALIVE_MS  # the agents' ping interval, which the relay accepts
     accept_seconds: float = 10.0  # a connection the node has not piped by then is closed
 
 
@@ -150,7 +167,7 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
     async def _main(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        self._server = grpc.aio.server(options=relay_options(self.limits.keepalive_ms))
         relay_pb2_grpc.add_RelayServicer_to_server(self, self._server)
         if self._tls is not None:
             cert, key = self._tls
