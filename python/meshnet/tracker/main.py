@@ -36,6 +36,7 @@ from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.ledger_postgres import is_postgres_url
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
+from meshnet.tracker.probe import health_fails
 from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
 from meshnet.tracker.state_store import StoreError
 
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
                         ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds,
                         quarantined=ledger.quarantined(), on_close=lambda *closed: audits[0].consider(*closed),
-                        store=store)
+                        store=store, corroborate=health_fails)
     audits.append(Audits(registry, ledger, ticket_key, rate=args.audit_rate, seed=args.audit_seed,
                          ticket_seconds=args.ticket_seconds))
     metrics = TrackerMetrics(registry, ledger)

@@ -86,16 +86,22 @@ class Registry:
                  route_lease_seconds: float = 60.0, ban_seconds: float = 5.0, max_ban_seconds: float = 300.0,
                  clock: Callable[[], float] = time.monotonic, quarantined: Iterable[NodeId] = (),
                  on_close: Callable[[RouteSession, str, tuple[tt.Hop, ...]], None] = lambda route, model, hops: None,
-                 store: Optional[TrackerStore] = None) -> None:
+                 store: Optional[TrackerStore] = None,
+                 corroborate: Callable[[tt.NodeInfo], bool] = lambda node: True) -> None:
         """`quarantined`: nodes that failed an audit (ADR 0008; the ledger keeps them), never
         routed. `on_close(route, model, hops)` is called after a client closes a route, outside
         the lock (the tracker samples audits there). `store`: where the state lives (an
-        EmbeddedStore on `clock` when None)."""
+        EmbeddedStore on `clock` when None). `corroborate(node)`: whether the tracker itself
+        finds a reported node failing (its own Health probe, tracker/probe.py), called outside
+        the lock; only then does a failure report ban the node (issue 35, finding 3). The
+        default takes every report on trust."""
         self._models = {m.model: m for m in models}
         self._store: TrackerStore = store if store is not None else EmbeddedStore(clock)
         for node_id in set(quarantined) - self._store.quarantined():
             self._store.quarantine(node_id)
         self._on_close = on_close
+        self._corroborate = corroborate
+        self.contradicted_reports = 0  # failure reports the tracker's probe contradicted (no ban)
         self._lease = lease_seconds
         self._route_lease = route_lease_seconds
         self._ban_base, self._ban_max = ban_seconds, max_ban_seconds
@@ -277,9 +283,13 @@ class Registry:
         return reply
 
     def report_failure(self, request: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
+        """A new epoch for the reporter's route, avoiding the failed hop. The hop is banned (from
+        every route, for a doubling time) only when the tracker corroborates the failure; else
+        only this route avoids it, so a client cannot ban an honest node by reporting it."""
         if request.session is None:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "failure report without a session"))
         session_id = request.session.session_id
+        confirmed = self._confirmed(session_id, request.failed_node_id, caller)  # a probe: outside the lock
         with self._lock:
             session = self._store.session(session_id)
             if session is None:
@@ -300,9 +310,14 @@ class Registry:
             if model is None:  # opened through another tracker that certifies a model this one does not
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"model {session.model!r} is not certified on "
                                                                  "this tracker"), current, session.hops)
-            if request.failed_node_id:
+            avoid = session.avoid
+            if request.failed_node_id and confirmed:  # a time-limited ban: the node may come back
                 self._store.strike(request.failed_node_id, self._ban_base, self._ban_max)
-            reply, planned = self._route(session_id, dataclasses.replace(session, epoch=session.epoch + 1), model)
+            elif request.failed_node_id:  # the tracker found it serving: this route alone avoids it
+                avoid = avoid | {request.failed_node_id}
+                self.contradicted_reports += 1
+            reply, planned = self._route(session_id, dataclasses.replace(session, epoch=session.epoch + 1,
+                                                                         avoid=avoid), model)
             # The session is kept with no route when there is none (its old epoch stays fenced).
             if not self._store.advance_session(session_id, session.epoch, planned, self._route_lease):
                 now = self._store.session(session_id)  # another tracker advanced or closed it first
@@ -310,6 +325,15 @@ class Registry:
                     return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"route session {session_id!r} was closed"))
                 return _stale(request.session, now)
             return reply
+
+    def _confirmed(self, session_id: SessionId, failed: NodeId, caller: bytes) -> bool:
+        """Whether `corroborate` finds the reported hop failing (True when there is nothing to
+        probe: the report is then refused or ignored under the lock)."""
+        session = self._store.session(session_id)
+        if not failed or session is None or session.client_key != caller:
+            return True
+        node = next((h.node for h in session.hops if h.node.node_id == failed), None)
+        return node is None or self._corroborate(node)
 
     def close_route(self, route: Optional[RouteSession], caller: bytes, audit: bool = True) -> Status:
         """Ends a route (its opener only, at its current epoch); `audit`: offer it to the audits
