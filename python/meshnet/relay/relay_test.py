@@ -172,6 +172,7 @@ def test_connections_are_bounded_and_an_unpiped_one_is_closed(relay_tls):
     try:
         host, port = next(events).allocation.address.rsplit(":", 1)
         first = socket.create_connection((host, int(port)), timeout=5)
+        first.sendall(b"\x16")  # a first byte (a ClientHello's): only then is the node told
         assert next(events).incoming.connection_id > 0  # the node is told; it never pipes it
         second = socket.create_connection((host, int(port)), timeout=5)
         assert second.recv(1) == b""  # over the cap: closed at once
@@ -199,5 +200,33 @@ def test_an_idle_agent_keeps_its_allocation(shard, relay_tls):
         assert agent.attaches == 1 and agent.address == address
         assert ping_through(address, shard[1]) == "shard-behind-nat"  # and it still serves there
     finally:
+        agent.stop()
+        relay.stop()
+
+
+def test_silent_connections_cannot_fill_an_allocation(shard, relay_tls):
+    """Issue 35, finding 8: a few dozen silent TCP connections from anyone filled a relayed
+    node's allocation and cut every honest peer off. Now one address holds at most
+    max_connections_per_peer of them, each for hello_seconds, and the node never hears of them."""
+    relay = start_relay(relay_tls, hello_seconds=0.5, max_connections_per_peer=4)
+    agent = start_agent(relay, relay_tls, shard)
+    host, port = agent.address.rsplit(":", 1)
+    silent = []
+    try:
+        for _ in range(70):  # past the 64 a node may have open; from 127.0.0.2 (the honest peer: 127.0.0.1)
+            silent.append(socket.create_connection((host, int(port)), timeout=5, source_address=("127.0.0.2", 0)))
+        assert ping_through(agent.address, shard[1]) == "shard-behind-nat"  # served during the attack
+        started = time.monotonic()
+        for s in silent:
+            s.settimeout(3)
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert time.monotonic() - started < 3
+        assert relay.stats.refused >= 70 and agent.pipes == 1  # only the honest connection was piped
+    finally:
+        for s in silent:
+            s.close()
         agent.stop()
         relay.stop()

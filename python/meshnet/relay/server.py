@@ -13,8 +13,9 @@ Who may ask: every call is signed with the caller's node key (identity/requests.
 accepted only from the key that owns the allocation. With `token` set (the tracker passes its
 node role's token) the caller must also hold it. Bounds, checked before anything is allocated:
 at most `max_nodes` allocations, `max_connections_per_node` open connections per allocation
-(more are closed at once), a connection the node does not pipe within `accept_seconds` is
-closed, and a Chunk is at most CHUNK_BYTES. The relay runs its own asyncio loop in a thread, so
+and `max_connections_per_peer` from one address (more are closed at once), a connection that
+sends nothing within `hello_seconds` is closed before the node hears of it, one the node does
+not pipe within `accept_seconds` is closed, and a Chunk is at most CHUNK_BYTES. The relay runs its own asyncio loop in a thread, so
 the tracker or a node can host it beside their synchronous gRPC servers.
 """
 
@@ -66,6 +67,8 @@ class RelayLimits:
     max_connections_per_node: int = 64  # open connections to one allocation
     keepalive_ms: int = KEEPALIVE_MS  # the agents' ping interval, which the relay accepts
     accept_seconds: float = 10.0  # a connection the node has not piped by then is closed
+    hello_seconds: float = 5.0  # a peer's first bytes (its TLS ClientHello) must come by then, or it is closed
+    max_connections_per_peer: int = 8  # open connections from one IP address to one allocation
 
 
 @dataclasses.dataclass
@@ -82,8 +85,9 @@ class RelayStats:
 class _Connection:
     """A peer's TCP connection to an allocation, waiting for (then joined to) the node's Pipe."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        self.reader, self.writer, self.peer = reader, writer, peer
+        self.first = b""  # the peer's first bytes, read before the node hears of the connection
         loop = asyncio.get_running_loop()
         self.claimed: asyncio.Future = loop.create_future()  # set when the node's Pipe takes it
         self.done: asyncio.Future = loop.create_future()  # set when the Pipe ends
@@ -259,9 +263,11 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
 
     async def _pump(self, conn: _Connection, context) -> None:
         async def to_node() -> None:
-            while data := await conn.reader.read(CHUNK_BYTES):
+            data = conn.first
+            while data:
                 self.stats.bytes_to_nodes += len(data)
                 await context.write(relay_pb2.Chunk(data=self.forward_to_node(data)))
+                data = await conn.reader.read(CHUNK_BYTES)
 
         async def from_node() -> None:
             while (chunk := await context.read()) is not grpc.aio.EOF:
@@ -279,17 +285,32 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
 
     async def _on_connection(self, allocation: _Allocation, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
-        if len(allocation.open) >= allocation.limits.max_connections_per_node:
+        """A peer's connection to `allocation`: refused at once past the per-node or per-peer cap;
+        closed if it sends nothing within hello_seconds (issue 35, finding 8: silent connections
+        filled an allocation); then offered to the node, which must pipe it within accept_seconds."""
+        limits = allocation.limits
+        address = writer.get_extra_info("peername")
+        peer = address[0] if address else ""
+        if len(allocation.open) >= limits.max_connections_per_node or \
+                sum(c.peer == peer for c in allocation.open) >= limits.max_connections_per_peer:
             self.stats.refused += 1
             writer.close()
             return
-        conn = _Connection(reader, writer)
+        conn = _Connection(reader, writer, peer)
         allocation.open.add(conn)
+        try:
+            conn.first = await asyncio.wait_for(reader.read(CHUNK_BYTES), limits.hello_seconds)
+        except (asyncio.TimeoutError, ConnectionError):
+            conn.first = b""
+        if not conn.first:
+            self.stats.refused += 1
+            allocation.open.discard(conn)
+            writer.close()
+            return
         connection_id = secrets.randbits(63)
         allocation.pending[connection_id] = conn
-        peer = writer.get_extra_info("peername")
         allocation.events.put_nowait(relay_pb2.RelayEvent(incoming=relay_pb2.Incoming(
-            connection_id=connection_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")))
+            connection_id=connection_id, peer=f"{address[0]}:{address[1]}" if address else "")))
         try:
             await asyncio.wait_for(asyncio.shield(conn.claimed), allocation.limits.accept_seconds)
             self.stats.connections += 1
