@@ -56,6 +56,7 @@ MAX_RELAY_RTT_MS = 60_000.0
 # reply stays under ~2 MiB, half gRPC's default message limit, whatever the swarm's size.
 MAX_COVERAGE_NODES = 128
 MAX_LAYER_NODE_IDS = 8
+MAX_DARK_NODES = 256  # live dark registrations in all (no certified model vouches for them)
 OK = Status(StatusCode.OK)
 
 
@@ -148,6 +149,12 @@ class Registry:
         admission, reason = self._admit(info)
         if admission == tt.Admission.REFUSED:
             return tt.RegisterReply(_error(StatusCode.FINGERPRINT_MISMATCH, reason), admission, reason)
+        if admission == tt.Admission.DARK:
+            dark = {n.info.node_id for n in self._store.nodes() if n.admission == tt.Admission.DARK}
+            if info.node_id not in dark and len(dark) >= MAX_DARK_NODES:
+                problem = f"{MAX_DARK_NODES} dark nodes are registered, the most this tracker keeps; retry later"
+                return tt.RegisterReply(_error(StatusCode.RESOURCE_EXHAUSTED, problem, True), tt.Admission.REFUSED,
+                                        problem)
         self._store.put_node(NodeRecord(info, admission, reason, last_heartbeat=self._clock()), self._lease)
         return tt.RegisterReply(OK, admission, reason, self.lease_ms)
 
@@ -212,12 +219,13 @@ class Registry:
     # ---- coverage ---------------------------------------------------------------------------
 
     def coverage(self, model: str, max_nodes: int = 0) -> tt.CoverageReply:
-        """The coverage map of `model`: exact counts, and lists cut to the first `max_nodes` nodes
-        by node id (0 or more than MAX_COVERAGE_NODES: that), at most MAX_LAYER_NODE_IDS ids per
+        """The coverage map of `model`: exact counts, and lists cut to the first `max_nodes` nodes,
+        dark ones last, by node id (0 or more than MAX_COVERAGE_NODES: that), at most MAX_LAYER_NODE_IDS ids per
         layer, so that the reply is bounded however large the swarm. Reads the store only (no
         decision), so it does not take the lock."""
         limit = min(max_nodes, MAX_COVERAGE_NODES) if max_nodes > 0 else MAX_COVERAGE_NODES
-        nodes = sorted(self._live_nodes(model), key=lambda n: n.info.node_id)
+        # Dark nodes last, so that they cannot crowd the others out of the cut lists (finding 12).
+        nodes = sorted(self._live_nodes(model), key=lambda n: (n.admission == tt.Admission.DARK, n.info.node_id))
         quarantined_ids, banned_ids = self._store.quarantined(), self._store.banned()
         certified = self._models.get(model)
         if certified is None and not nodes:

@@ -435,3 +435,21 @@ def test_the_snapshot_is_bounded(registry):
     snap = registry.snapshot(max_nodes=4, max_routes=3)
     assert (len(snap.nodes), snap.node_count, len(snap.routes), snap.route_count) == (4, 6, 3, 5)
     assert snap.node_states == {("smol", "routable"): 6}
+
+
+def test_dark_registrations_are_capped_and_listed_after_serving_nodes(registry):
+    """Issue 35, finding 12: one node token registered thousands of fresh-key dark nodes in
+    seconds, crowding honest nodes out of Coverage's and the status page's lists."""
+    from meshnet.tracker.registry import MAX_DARK_NODES
+
+    for i in range(MAX_DARK_NODES):
+        assert register(registry, f"dark-{i}", 0, 30, architecture="nonesuch").admission == tt.Admission.DARK
+    refused = register(registry, "dark-one-more", 0, 30, architecture="nonesuch")
+    assert (refused.admission, refused.status.code) == (tt.Admission.REFUSED, StatusCode.RESOURCE_EXHAUSTED)
+    assert register(registry, "dark-0", 0, 30, architecture="nonesuch").admission == tt.Admission.DARK  # again
+    assert register(registry, "honest", 0, 30).admission == tt.Admission.ROUTABLE
+    cover = registry.coverage("smol", max_nodes=8)
+    assert cover.nodes[0].node_id == nid("honest") and cover.routable_count == 1
+    assert cover.node_count == MAX_DARK_NODES + 1
+    snapshot = registry.snapshot(max_nodes=8)
+    assert snapshot.nodes[0].node_id == nid("honest")

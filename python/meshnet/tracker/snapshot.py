@@ -61,7 +61,7 @@ class ModelView:
 @dataclasses.dataclass(frozen=True)
 class RegistrySnapshot:
     models: tuple[ModelView, ...]  # certified models, by name
-    nodes: tuple[NodeView, ...]  # by model, start, node id; at most max_nodes
+    nodes: tuple[NodeView, ...]  # dark ones last, then by model, start, node id; at most max_nodes
     routes: tuple[RouteView, ...]  # newest first; at most max_routes
     node_count: int  # all live nodes
     route_count: int  # all live routes
@@ -144,7 +144,10 @@ def build(certified: Mapping[str, int], nodes: Iterable[NodeFacts], routes: Iter
                   if n.info.model == name and n.state == "routable"]
         replicas = replicas_per_layer(ranges, certified[name])
         models.append(ModelView(name, certified[name], replicas, gaps_of(replicas)))
-    listed = sorted(nodes, key=lambda n: (n.info.model, n.info.layers.start, n.info.node_id))[:max_nodes]
+    # Certified models' nodes first, dark ones last: registrations that cost nothing (a fresh key
+    # each) cannot crowd serving nodes out of the list (issue 35, finding 12).
+    listed = sorted(nodes, key=lambda n: (n.state == "dark", n.info.model, n.info.layers.start,
+                                          n.info.node_id))[:max_nodes]
     node_views = tuple(NodeView(n.info.node_id, n.info.address, n.info.model, _backend(n.info.backend),
                                 (n.info.layers.start, n.info.layers.end), n.state, n.load,
                                 max(0.0, now - n.last_heartbeat), through.get(n.info.node_id, 0)) for n in listed)
