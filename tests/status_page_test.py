@@ -1,9 +1,9 @@
 """Issue 15 on real processes: a tracker with its HTTP endpoints and three GGUF nodes (native
 workers) with /metrics, SmolLM2 Q4_1 [0,10) + [10,20) + [20,30) on loopback.
 
-- A generation through RouteClient (client_id "key:status-test", as the gateway names API keys)
-  moves the tracker's and every node's series, scraped before, during and after it and parsed
-  with the Prometheus text parser: routes opened and live, node tokens, engine batches, rows and
+- A generation through RouteClient with the gateway's role (client_id "key:status-test", as the
+  gateway names API keys; only the gateway may) moves the tracker's and every node's series,
+  scraped before, during and after it and parsed with the Prometheus text parser: routes opened and live, node tokens, engine batches, rows and
   compute time, seam frames, KV cells and sessions while it runs, the measured rate, and the
   ledger's totals per phase, node and client.
 - The status page renders in headless Chromium (Debian's `chromium`, installed with apt-get by
@@ -107,7 +107,7 @@ def generation(swarm):
     prompt_ids = load_tokenizer(GGUF)(PROMPT)["input_ids"]
     nodes = [swarm.nodes[swarm.ids[f"node-{i}"]] for i in range(len(CUTS))]
     before = (scrape(swarm.tracker.http_url), [scrape(n.metrics_url) for n in nodes])
-    with swarm.client() as tracker:
+    with swarm.tracker.client("gateway") as tracker:
         stream = RouteClient(tracker, swarm.model, client_id=CLIENT_ID).generate(
             prompt_ids, GenerationParams(max_tokens=TOKENS))
         tokens = [next(stream)]
@@ -185,7 +185,8 @@ def screenshot_path() -> Path:
 
 def test_the_status_page_renders_in_headless_chromium(swarm, generation, chromium):
     url = swarm.tracker.http_url + "/status"
-    with swarm.client() as tracker:  # a route held open, as a gateway's request holds one, so the page lists it
+    # A route held open, as a gateway's request holds one, so that the page lists it.
+    with swarm.tracker.client("gateway") as tracker:
         held = tracker.open_route(tt.OpenRouteRequest(swarm.model, CLIENT_ID, 256))
         assert held.status.ok
         try:
@@ -211,7 +212,7 @@ def test_the_status_page_renders_in_headless_chromium(swarm, generation, chromiu
 
 def test_a_reported_failure_counts_as_a_failover_and_shows_a_gap(swarm, generation, chromium):
     before = scrape(swarm.tracker.http_url)
-    with swarm.client() as tracker:
+    with swarm.tracker.client("gateway") as tracker:
         route = tracker.open_route(tt.OpenRouteRequest(swarm.model, CLIENT_ID, 64))
         failed = route.hops[1].node
         reply = tracker.report_failure(route.session, failed.node_id)

@@ -10,10 +10,11 @@ Every /v1 call checks the API key first (401), then bounds and parses the body (
 the model (404); a generation then takes one of its key's concurrent slots (429), and only then
 is its prompt measured (400 past max_prompt_chars), rendered and tokenized, at most
 `prompt_builders` at a time across all keys, before it asks the tracker for a route: a key at
-its limit costs the gateway nothing but the refusal (issue 35, finding 5). A streaming response starts only once the first token is in, so the
-route's refusals (429 RESOURCE_EXHAUSTED with Retry-After, 503 no coverage, 504 a deadline)
-are real HTTP statuses; a failure after that ends the stream with an OpenAI error event. A
-client that goes away cancels its route (CANCEL along the chain: every hop frees its KV).
+its limit costs the gateway nothing but the refusal (issue 35, finding 5). A streaming
+response starts only once the first token is in, so the route's refusals (429
+RESOURCE_EXHAUSTED with Retry-After, 503 no coverage, 504 a deadline) are real HTTP statuses; a
+failure after that ends the stream with an OpenAI error event. A client that goes away, from
+the moment its body is read, cancels its route (CANCEL along the chain: every hop frees its KV).
 Prompts are built here: the GGUF's chat template (jinja2), and the GGUF's tokenizer, with no
 torch in the process.
 Size: about 400 lines, because the two generation endpoints are one contract (the same checks in

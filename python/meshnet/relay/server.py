@@ -15,8 +15,9 @@ node role's token) the caller must also hold it. Bounds, checked before anything
 at most `max_nodes` allocations, `max_connections_per_node` open connections per allocation
 and `max_connections_per_peer` from one address (more are closed at once), a connection that
 sends nothing within `hello_seconds` is closed before the node hears of it, one the node does
-not pipe within `accept_seconds` is closed, and a Chunk is at most CHUNK_BYTES. The relay runs its own asyncio loop in a thread, so
-the tracker or a node can host it beside their synchronous gRPC servers.
+not pipe within `accept_seconds` is closed, and a Chunk is at most CHUNK_BYTES. The relay runs
+its own asyncio loop in a thread, so the tracker or a node can host it beside their synchronous
+gRPC servers.
 """
 
 from __future__ import annotations

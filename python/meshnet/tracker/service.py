@@ -46,6 +46,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "TakeAudit": frozenset({"verifier"}), "ReportAudit": frozenset({"verifier"}),
 }
 TICKET_SECONDS = 600.0
+GATEWAY_CLIENT_PREFIX = "key:"  # client_ids the gateway bills its API keys' work to; no other role may
 REACHABILITY_TIMEOUT_S = 2.0
 
 
@@ -179,6 +180,10 @@ class TrackerService:
 
     def OpenRoute(self, request, context):  # noqa: N802
         def work(req: tt.OpenRouteRequest, caller: bytes) -> tt.RouteReply:
+            role = self.role(requests.bearer_token(tuple(context.invocation_metadata() or ())))
+            if req.client_id.startswith(GATEWAY_CLIENT_PREFIX) and role != "gateway":
+                return tt.RouteReply(Status(StatusCode.PERMISSION_DENIED, f"only the gateway names its API keys' "
+                                            f"ledger accounts ({GATEWAY_CLIENT_PREFIX}...)"))
             reply = self._issued(self._registry.open_route(req, caller), caller, req.expected_tokens, req.client_id)
             self._metrics.route_opens.labels(self._metrics.model_label(req.model), reply.status.code.name).inc()
             log("open_route", model=req.model, client=keys.principal(caller), client_id=req.client_id,

@@ -57,3 +57,24 @@ def test_a_route_the_ledger_cannot_record_is_withdrawn_and_its_capacity_returns(
     finally:
         server.stop(grace=0).wait()
         ledger.close()
+
+
+def test_only_the_gateway_bills_to_api_key_accounts(tmp_path):
+    """Issue 35, finding 7 (its first half): any client could bill work to a gateway key's ledger
+    account by naming it as its client_id."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    tokens = new_role_tokens()
+    server, port = serve(Registry([MODEL], lease_seconds=30), ledger, "127.0.0.1:0", tokens, Identity.generate())
+    address = f"127.0.0.1:{port}"
+    try:
+        with TrackerClient(address, tokens["client"], Identity.generate()) as client:
+            refused = client.open_route(tt.OpenRouteRequest("smol", "key:alice", 64))
+            assert refused.status.code == StatusCode.PERMISSION_DENIED and not refused.hops
+            honest = client.open_route(tt.OpenRouteRequest("smol", "my-app", 64))
+            assert honest.status.code == StatusCode.UNAVAILABLE  # served as usual (no node here: no route)
+        with TrackerClient(address, tokens["gateway"], Identity.generate()) as gateway:
+            assert gateway.open_route(tt.OpenRouteRequest("smol", "key:alice", 64)).status.code \
+                == StatusCode.UNAVAILABLE
+    finally:
+        server.stop(grace=0).wait()
+        ledger.close()

@@ -129,7 +129,7 @@ def test_status_page_and_json_show_the_swarm(tracker):
     assert a.node_id in page and "&lt;b&gt;127.0.0.1:1&lt;/b&gt;" in page and "<b>127.0.0.1" not in page
     assert page.count('class="cell gap"') == 15  # [15, 30) has no node yet
     register(tracker, b, 15, 30)
-    with tracker.client("client", Identity.generate()) as client:
+    with tracker.client("gateway", Identity.generate()) as client:  # only the gateway bills to key:*
         route = client.open_route(tt.OpenRouteRequest("smol", "key:bob", 64))
     _, _, page = tracker.get("/status")
     assert 'class="cell gap"' not in page and "key:bob" in page
