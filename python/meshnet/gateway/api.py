@@ -17,7 +17,7 @@ failure after that ends the stream with an OpenAI error event. A client that goe
 the moment its body is read, cancels its route (CANCEL along the chain: every hop frees its KV).
 Prompts are built here: the GGUF's chat template (jinja2), and the GGUF's tokenizer, with no
 torch in the process.
-Size: about 400 lines, because the two generation endpoints are one contract (the same checks in
+Size: about 500 lines, because the two generation endpoints are one contract (the same checks in
 the same order) and read best together; request models are in schema.py, the generation in
 generation.py.
 """
