@@ -39,8 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from meshnet.client.session import GenerationParams, MeshnetError
 from meshnet.client.text import IncrementalText
-from meshnet.gateway import schema
-from meshnet.gateway.chat import ChatTemplateError, render_chat
+from meshnet.gateway import prompts, schema
 from meshnet.gateway.errors import ApiError, bad_request, from_status
 from meshnet.gateway.keys import ApiKey, KeyRing
 from meshnet.gateway.metrics import GatewayMetrics
@@ -208,11 +207,11 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _generate(gateway, request, schema.ChatRequest, "chat", _chat_prompt)
+        return await _generate(gateway, request, schema.ChatRequest, "chat", prompts.chat_prompt)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(gateway, request, schema.CompletionRequest, "text", _completion_prompt)
+        return await _generate(gateway, request, schema.CompletionRequest, "text", prompts.completion_prompt)
 
     return app
 
@@ -315,7 +314,7 @@ async def _generate(gateway: Gateway, request: Request, body_type: type, kind: s
     slot = gateway.slot(key)
     slot.__enter__()  # ApiError 429 when the key is at its limit, before any work on the prompt
     try:
-        chars = _prompt_chars(body)
+        chars = prompts.prompt_chars(body)
         if chars > gateway.config.max_prompt_chars:
             raise ApiError(400, f"the prompt has {chars} characters, over this gateway's limit of "
                                 f"{gateway.config.max_prompt_chars}", param="messages" if kind == "chat" else "prompt",
@@ -328,45 +327,6 @@ async def _generate(gateway: Gateway, request: Request, body_type: type, kind: s
         slot.__exit__(None, None, None)
         raise
     return await _respond(request, run, body, kind, alternatives)
-
-
-def _prompt_chars(body) -> int:
-    """The prompt's size before it is rendered or tokenized: its characters (a token id counts one)."""
-    if isinstance(body, schema.ChatRequest):
-        return sum(len(m.text()) for m in body.messages)
-    prompt = body.prompt
-    return len(prompt) if isinstance(prompt, str) else sum(len(p) if isinstance(p, str) else 1 for p in prompt)
-
-
-def _chat_prompt(served: ServedModel, body: schema.ChatRequest) -> list[int]:
-    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
-    tok = served.tokenizer
-    if not tok.chat_template:
-        raise bad_request(f"model {served.name!r} has no chat template; use /v1/completions", "messages")
-    try:
-        text = render_chat(tok.chat_template, messages, bos_token=tok.bos_token, eos_token=tok.eos_token,
-                           add_generation_prompt=True)
-    except ChatTemplateError as err:
-        raise bad_request(str(err), "messages") from None
-    return tok.encode(text, special=True)
-
-
-def _completion_prompt(served: ServedModel, body: schema.CompletionRequest) -> list[int]:
-    prompt = body.prompt
-    tok = served.tokenizer
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        if len(prompt) != 1:
-            raise bad_request("one prompt per request (a list of several is like n > 1)", "prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        ids = tok.encode(prompt, special=False)
-    else:
-        ids = list(prompt)
-        if any(not 0 <= i < tok.vocab_size for i in ids):
-            raise bad_request(f"token ids must be in 0..{tok.vocab_size - 1}", "prompt")
-    if not ids:
-        raise bad_request("the prompt is empty", "prompt")
-    return ids
 
 
 def _params(body, served: ServedModel, alternatives: Optional[int], config: GatewayConfig) -> GenerationParams:
