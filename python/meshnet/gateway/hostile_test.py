@@ -5,7 +5,6 @@ uvicorn as main.py configures it, a test fake of the swarm and a counting fake t
 from __future__ import annotations
 
 import json
-import resource
 import socket
 import threading
 import time
@@ -40,21 +39,15 @@ class CountingTokenizer(FakeTokenizer):
         return super().encode(text, special, add_bos)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def enough_file_descriptors():
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
-def test_a_thousand_idle_connections_do_not_deny_the_gateway():
-    """Finding 1: 1000 silent connections from one peer. Before: every request answered 503 for
-    as long as they were held. Now the peer holds at most max_per_peer, each for request_timeout."""
+def test_idle_connections_do_not_deny_the_gateway():
+    """Finding 1: silent connections from one peer (the issue's thousand are in
+    //python/meshnet:http_bounds_test; 300 here, past every cap, stay under the default file
+    limit). Before: every request answered 503 for as long as they were held. Now the peer holds
+    at most max_per_peer, each for request_timeout."""
     bounds = HttpBounds(request_timeout=1.0, max_connections=200, max_per_peer=20, max_in_flight=64)
     gateway = Gateway([ServedModel("fake", FakeTokenizer())], FakeSwarmBackend(), None, GatewayConfig())
     with running(gateway, bounds) as port:
-        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(1000)]
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
         try:
             time.sleep(0.2)
             assert request(port, "GET", "/healthz", key=None, source=HONEST)[0] == 200
