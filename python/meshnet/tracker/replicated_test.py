@@ -66,7 +66,7 @@ def test_a_route_survives_the_tracker_that_opened_it(etcd, tmp_path):
             with a.client("node", key) as node:
                 assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), info)).status.ok
         b.registry._store.sync()
-        with a.client("client", client_key) as via_a, b.client("client", client_key) as via_b:
+        with a.client("gateway", client_key) as via_a, b.client("gateway", client_key) as via_b:  # key:* accounts
             swarm_key = via_a.tracker_key()
             assert via_b.tracker_key() == swarm_key == ticket_key.public_key
             route = via_a.open_route(tt.OpenRouteRequest("smol", client_id="key:alice", expected_tokens=64))
