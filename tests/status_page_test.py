@@ -4,8 +4,8 @@ workers) with /metrics, SmolLM2 Q4_1 [0,10) + [10,20) + [20,30) on loopback.
 - A generation through RouteClient with the gateway's role (client_id "key:status-test", as the
   gateway names API keys; only the gateway may) moves the tracker's and every node's series,
   scraped before, during and after it and parsed with the Prometheus text parser: routes opened
-  and live, node tokens, engine batches, rows and compute time, seam frames, KV cells and sessions while it runs, the measured rate, and the
-  ledger's totals per phase, node and client.
+  and live, node tokens, engine batches, rows and compute time, seam frames, KV cells and
+  sessions while it runs, the measured rate, and the ledger's totals per phase, node and client.
 - The status page renders in headless Chromium (Debian's `chromium`, installed with apt-get by
   this test when missing): the DOM has the coverage map (a covered cell per layer, no gap) and
   a node-table row per node; the screenshot goes to $MESHNET_STATUS_SCREENSHOT, else to the
