@@ -1,4 +1,4 @@
-// See engine.h. The only file of the worker that calls llama.cpp.
+// See engine.h. With devices.cc, the only files of the worker that call llama.cpp.
 #include "engine.h"
 
 #include <cstdio>
@@ -39,6 +39,7 @@ void InitBackendOnce() {
   std::call_once(once, [] {
     llama_log_set(LogCallback, nullptr);
     llama_backend_init();
+    RegisterLinkedBackends();
   });
 }
 
@@ -87,12 +88,21 @@ bool CheckArchitecture(const std::string& path, std::string* error) {
 std::unique_ptr<Model> Model::Open(const ModelOptions& options, std::string* error) {
   InitBackendOnce();
   if (!CheckArchitecture(options.path, error)) return nullptr;
+  ggml_backend_dev_t device = nullptr;
+  if (!FindDevice(options.device, &device, error)) return nullptr;
 
   llama_model_params params = llama_model_default_params();
   params.layer_start = options.layer_start;
   params.layer_end = options.layer_end;
   params.load_mode = options.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
-  params.n_gpu_layers = options.n_gpu_layers;
+  // One device for the whole range: every layer and the head when it owns it (n_gpu_layers -1);
+  // the CPU alone when no device is named (an empty device list, so that a linked GPU backend is
+  // not picked by llama.cpp's default selection).
+  ggml_backend_dev_t devices[2] = {device, nullptr};
+  params.devices = devices;
+  params.split_mode = LLAMA_SPLIT_MODE_NONE;
+  params.main_gpu = 0;
+  params.n_gpu_layers = device != nullptr ? -1 : 0;
   params.use_extra_bufts = options.extra_buffer_types;
   TakeLlamaError();
   llama_model* model = llama_model_load_from_file(options.path.c_str(), params);
@@ -103,10 +113,11 @@ std::unique_ptr<Model> Model::Open(const ModelOptions& options, std::string* err
              (why.empty() ? "" : ": " + why);
     return nullptr;
   }
-  return std::unique_ptr<Model>(new Model(model));
+  return std::unique_ptr<Model>(new Model(model, device));
 }
 
-Model::Model(llama_model* model) : model_(model), owner_(std::this_thread::get_id()) {}
+Model::Model(llama_model* model, ggml_backend_dev_t device)
+    : model_(model), device_(device), owner_(std::this_thread::get_id()) {}
 
 Model::~Model() {
   CheckThread();
@@ -134,6 +145,8 @@ size_t Model::weight_bytes() const {
   }
   return total;
 }
+
+DeviceInfo Model::device() const { return Describe(device_); }
 
 std::vector<int32_t> Model::Tokenize(const std::string& text, bool add_special) const {
   CheckThread();
@@ -342,6 +355,17 @@ size_t Context::kv_bytes() const {
   CheckThread();
   size_t total = 0;
   for (const auto& [buft, data] : llama_get_memory_breakdown(ctx_)) total += data.context;
+  return total;
+}
+
+size_t Context::device_bytes() const {
+  CheckThread();
+  ggml_backend_dev_t device = model_.raw_device();
+  if (device == nullptr) device = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+  size_t total = 0;
+  for (const auto& [buft, data] : llama_get_memory_breakdown(ctx_)) {
+    if (ggml_backend_buft_get_device(buft) == device) total += data.model + data.context + data.compute;
+  }
   return total;
 }
 

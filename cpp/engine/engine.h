@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "cpp/engine/devices.h"
+
 struct llama_context;
 struct llama_model;
 
@@ -34,7 +36,9 @@ struct ModelOptions {
   int layer_start = 0;    // first owned layer
   int layer_end = -1;     // one past the last owned layer; -1: the model's last layer
   bool use_mmap = true;   // false: read the owned tensors into allocated memory
-  int n_gpu_layers = 0;   // layers offloaded to a GPU backend when one is linked (0: CPU)
+  // Where the range's layers (and its contexts' KV) live: "cpu", or a GPU device of a backend
+  // linked into this binary ("vulkan0", "cuda0"; devices.h). Token embeddings stay on the CPU.
+  std::string device = "cpu";
   // llama.cpp's extra CPU buffer types (weights repacked for Q4_0/Q4_K/IQ4_NL GEMM kernels).
   // Off by default: the repacked kernels take a different path for batches of 4+ rows than for
   // the rest, so a session's numbers would depend on where its rows fall in a mixed batch, and
@@ -60,16 +64,20 @@ class Model {
   int n_vocab() const;
   // Bytes of the weight tensors this shard holds (a tied head counts on the last shard).
   size_t weight_bytes() const;
+  // The device the layers live on, with its memory now; the ggml device (nullptr: the CPU).
+  DeviceInfo device() const;
+  ggml_backend_dev_t raw_device() const { return device_; }
 
   std::vector<int32_t> Tokenize(const std::string& text, bool add_special) const;
 
   llama_model* raw() const { return model_; }
 
  private:
-  explicit Model(llama_model* model);
+  Model(llama_model* model, ggml_backend_dev_t device);
   void CheckThread() const;
 
   llama_model* model_;
+  ggml_backend_dev_t device_;  // nullptr: the CPU
   std::thread::id owner_;
 };
 
@@ -154,6 +162,9 @@ class Context {
   int32_t PosMax(int32_t seq) const;
 
   size_t kv_bytes() const;  // KV cache memory of this context
+  // Bytes this context and its model hold on the model's device (weights, KV, compute buffers);
+  // on the CPU, the host buffers.
+  size_t device_bytes() const;
 
   const Model& model() const { return model_; }
 

@@ -2,9 +2,11 @@
 // (no layer range: the library behaves as upstream), feeds the prompt token ids given on the
 // command line, decodes greedily and prints the new token ids as one JSON line.
 //
-// Usage: greedy [--f32-matmul-activations] MODEL.gguf N_NEW TOKEN_ID...
+// Usage: greedy [--f32-matmul-activations] [--device D] MODEL.gguf N_NEW TOKEN_ID...
 //   ($MESHNET_THREADS sets the compute threads; the flag: quantized weights dequantized and dotted
-//   with F32 activations, as a model certified that way is served, ADR 0012)
+//   with F32 activations, as a model certified that way is served, ADR 0012; --device: where the
+//   model computes, "cpu" or a GPU device of a backend linked into the binary, e.g. vulkan0 in
+//   greedy_vulkan, ADR 0014)
 // The JSON line also carries ttft_ms (prompt decode + first token) and decode_tok_s.
 #include <chrono>
 #include <cstdlib>
@@ -16,16 +18,23 @@
 
 int main(int argc, char** argv) {
   meshnet::engine::ContextOptions context_options;
-  context_options.f32_matmul_activations = meshnet::engine::TakeLeadingFlag(&argc, &argv, "--f32-matmul-activations");
+  std::string device = "cpu";
+  while (true) {
+    if (meshnet::engine::TakeLeadingFlag(&argc, &argv, "--f32-matmul-activations")) {
+      context_options.f32_matmul_activations = true;
+    } else if (!meshnet::engine::TakeLeadingOption(&argc, &argv, "--device", &device)) {
+      break;
+    }
+  }
   if (argc < 4) {
-    std::cerr << "usage: greedy [--f32-matmul-activations] MODEL.gguf N_NEW TOKEN_ID...\n";
+    std::cerr << "usage: greedy [--f32-matmul-activations] [--device D] MODEL.gguf N_NEW TOKEN_ID...\n";
     return 2;
   }
   const int n_new = std::atoi(argv[2]);
   const std::vector<int32_t> prompt = meshnet::engine::TokenArgs(argc, argv, 3);
   context_options.n_ctx = static_cast<int>(prompt.size()) + n_new + 8;
   if (const char* threads = std::getenv("MESHNET_THREADS")) context_options.n_threads = std::atoi(threads);
-  auto whole = meshnet::engine::OpenWholeModel("greedy", argv[1], context_options);
+  auto whole = meshnet::engine::OpenWholeModel("greedy", argv[1], context_options, device);
   if (!whole) return 1;
   meshnet::engine::Model* model = whole->model.get();
   meshnet::engine::Context* context = whole->context.get();

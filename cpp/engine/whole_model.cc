@@ -31,10 +31,12 @@ bool TakeLeadingOption(int* argc, char*** argv, const std::string& flag, std::st
 }
 
 std::optional<WholeModel> OpenWholeModel(const char* tool, const std::string& path,
-                                         const ContextOptions& options) {
+                                         const ContextOptions& options,
+                                         const std::string& device) {
   std::string error;
   ModelOptions model_options;
   model_options.path = path;
+  model_options.device = device;
   WholeModel whole;
   whole.model = Model::Open(model_options, &error);
   if (whole.model) whole.context = Context::Create(*whole.model, options, &error);

@@ -31,9 +31,11 @@ bool TakeLeadingFlag(int* argc, char*** argv, const std::string& flag);
 // `flag` with no value is left in place, for the tool's usage check to refuse).
 bool TakeLeadingOption(int* argc, char*** argv, const std::string& flag, std::string* value);
 
-// Opens `path` and a context of `options` on it; nullopt (with the error printed) on failure.
+// Opens `path` on `device` ("cpu", "vulkan0", ...; devices.h) and a context of `options` on it;
+// nullopt (with the error printed) on failure.
 std::optional<WholeModel> OpenWholeModel(const char* tool, const std::string& path,
-                                         const ContextOptions& options);
+                                         const ContextOptions& options,
+                                         const std::string& device = "cpu");
 
 }  // namespace meshnet::engine
 

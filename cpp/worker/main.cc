@@ -2,7 +2,8 @@
 // seam protocol (meshnet.shard.v1.Shard). Started and supervised by the node.
 //
 // Usage: worker --model=PATH --node_id=ID --tracker_key=<64 hex>
-//   (--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] [--listen=127.0.0.1:0]
+//   (--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] [--device=cpu|vulkan0|...]
+//   [--listen=127.0.0.1:0]
 //   [--threads=N] [--max_sessions=N] [--n_ctx=N] [--max_batch_tokens=N]
 //   [--max_prefill_chunk=N] [--queue=N] [--batch_window_us=US] [--idle_seconds=S] [--unified_kv=0|1] [--reference_kernels=0|1]
 //   [--f32_attention=0|1] [--f32_matmul_activations=0|1]
@@ -121,6 +122,9 @@ int main(int argc, char** argv) {
 
   meshnet::worker::SchedulerOptions options;
   options.model.path = flags["model"];
+  // --device: where the range's layers and KV live ("cpu", or "vulkan0" etc. in a binary linked
+  // with that backend, //cpp/worker:worker_vulkan; ADR 0014).
+  options.model.device = flags.count("device") ? flags["device"] : "cpu";
   if (flags.count("layers")) {
     const std::string& layers = flags["layers"];
     size_t colon = layers.find(':');

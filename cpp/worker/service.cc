@@ -170,6 +170,12 @@ grpc::Status ShardService::Health(grpc::ServerContext*, const pb::HealthRequest*
   reply->set_drafted_tokens(drafted_tokens_.load());
   reply->set_accepted_drafts(accepted_drafts_.load());
   reply->set_rewound_rows(rewound_rows_.load());
+  const engine::DeviceInfo device = scheduler_->Device();
+  reply->set_device(device.name);
+  reply->set_device_description(device.description);
+  reply->set_device_memory_used(scheduler_->device_bytes());
+  reply->set_device_memory_free(device.memory_free);
+  reply->set_device_memory_total(device.memory_total);
   return grpc::Status::OK;
 }
 

@@ -144,6 +144,8 @@ void Scheduler::Run(std::string* error, std::promise<bool>* opened) {
   n_layer_ = model->n_layer();
   layer_start_ = model->layer_start();
   layer_end_ = model->layer_end();
+  device_ = model->raw_device();
+  device_bytes_ = ctx->device_bytes();
   opened->set_value(true);  // `opened` is gone after this
   while (true) {
     {

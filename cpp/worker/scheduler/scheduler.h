@@ -124,6 +124,10 @@ class Scheduler {
   bool first() const { return layer_start_ == 0; }
   bool last() const { return layer_end_ == n_layer_; }
   int n_ctx() const { return options_.context.n_ctx; }  // KV cells in all
+  // The device the range computes on, with its memory now, and what this worker holds there
+  // (weights, KV and compute buffers, measured once the context exists).
+  engine::DeviceInfo Device() const { return engine::Describe(device_); }
+  size_t device_bytes() const { return device_bytes_; }
   // Positions one session may hold: n_ctx, or its share when each sequence has its own stream.
   int n_ctx_per_session() const {
     return options_.context.unified_kv ? options_.context.n_ctx
@@ -169,6 +173,8 @@ class Scheduler {
 
   SchedulerOptions options_;
   int n_embd_ = 0, n_vocab_ = 0, n_layer_ = 0, layer_start_ = 0, layer_end_ = 0;
+  ggml_backend_dev_t device_ = nullptr;  // fixed after Start
+  size_t device_bytes_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

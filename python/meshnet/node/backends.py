@@ -101,15 +101,16 @@ class GgufBackend:
                  threads: int, max_sessions: int, max_kv_tokens: int, log: Optional[Path], tracker_key: bytes,
                  tls: Optional[tuple[Path, Path]], node_key: bytes = b"", cheat: str = "",
                  commitments: bool = True, reference_kernels: bool = True,
-                 f32_matmul_activations: bool = False) -> None:
+                 f32_matmul_activations: bool = False, device: str = "cpu") -> None:
         """`tls`: paths of the shard service's certificate and key PEM, or None (--insecure).
-        `node_key`: the identity seed the worker signs commitments with; `cheat`: tests only."""
+        `node_key`: the identity seed the worker signs commitments with; `cheat`: tests only.
+        `device`: the worker's --device (ADR 0014)."""
         self.node_id = node_id
         self._worker = WorkerProcess(worker_binary, gguf, layers, listen.rsplit(":", 1)[0], node_id, threads=threads,
                                      max_sessions=max_sessions, n_ctx=max_kv_tokens, tracker_key=tracker_key,
                                      tls=tls, log=log, node_key=node_key, cheat=cheat, commitments=commitments,
                                      reference_kernels=reference_kernels,
-                                     f32_matmul_activations=f32_matmul_activations)
+                                     f32_matmul_activations=f32_matmul_activations, device=device)
         self._worker.start()
 
     @property

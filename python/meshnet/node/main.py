@@ -42,7 +42,7 @@ from meshnet.node.tracker_link import NodeRefused, TrackerLink
 from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 from meshnet.recipe.certify import recipe_of
-from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, compute_backend_of
 from meshnet.recipe.fingerprint import declared_artifact_fingerprint, summarize_range
 from meshnet.recipe.range_part import part_of
 from meshnet.relay.agent import RelayAgent
@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                              "certified recipe says (its models.json entry): quantized (llama.cpp's arithmetic, the "
                              "gguf default) or f32 (weights dequantized, F32 dot products; ADR 0012). The tracker "
                              "refuses another recipe")
+    parser.add_argument("--device", default="cpu",
+                        help="gguf: where the worker computes its range: cpu, or a GPU device of a backend its binary "
+                             "links (vulkan0, ... with //cpp/worker:worker_vulkan; ADR 0014). The backend is part of the "
+                             "recipe: the model must be certified on it")
     parser.add_argument("--optimized-kernels", action="store_true", help="BENCHMARKS ONLY: upstream's CPU "
                         "defaults (ggml's optimized kernels, flash attention over an F16 KV cache); sessions batched "
                         "together may then differ from solo (ADR 0009, 0010)")
@@ -151,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.gguf} is a per-range part: the reference backend (Transformers) loads only whole GGUF "
                      "files; serve parts with --backend gguf")
     try:
-        recipe = recipe_of(summary, args.backend, args.matmul_activations)
+        recipe = recipe_of(summary, args.backend, args.matmul_activations, compute_backend_of(args.device))
     except ValueError as err:
-        parser.error(f"--matmul-activations: {err}")
+        parser.error(f"--matmul-activations/--device: {err}")
     identity = Identity.load_or_create(args.identity)
     node_id = identity.node_id
     relay_ca = args.relay_ca or args.tracker_ca
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                                   node_key=identity.seed, cheat=args.cheat or "",
                                   commitments=not args.no_commitments,
                                   reference_kernels=not args.optimized_kernels,
-                                  f32_matmul_activations=recipe.matmul_activations == "f32")
+                                  f32_matmul_activations=recipe.matmul_activations == "f32", device=args.device)
         else:
             import torch  # only the reference backend computes in this process
 

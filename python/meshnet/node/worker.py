@@ -64,7 +64,7 @@ class WorkerProcess:
                  threads: int, max_sessions: int, n_ctx: int, tracker_key: bytes,
                  tls: Optional[tuple[Path, Path]], log: Optional[Path] = None, node_key: bytes = b"",
                  cheat: str = "", commitments: bool = True, reference_kernels: bool = True,
-                 f32_matmul_activations: bool = False) -> None:
+                 f32_matmul_activations: bool = False, device: str = "cpu") -> None:
         """`tls`: (certificate PEM path, key PEM path), or None to serve plaintext (--insecure).
         `node_key`: the node's identity seed, with which the worker signs its commitments (ADR
         0008; through the environment, never argv). `cheat`: tests only (the worker's --cheat).
@@ -73,7 +73,8 @@ class WorkerProcess:
         attention over an F16 KV cache, under which sessions batched together may differ from
         solo and agreement with fp32 math drops (ADR 0009, 0010; benchmarks of that cost only).
         `f32_matmul_activations`: quantized weights dequantized and dotted with F32 activations,
-        for a model certified with that recipe (ADR 0012)."""
+        for a model certified with that recipe (ADR 0012). `device`: where the range computes
+        ("cpu", "vulkan0", ...; the binary must link that backend, ADR 0014)."""
         if not binary.is_file():
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
@@ -87,6 +88,7 @@ class WorkerProcess:
         self._cmd += [] if commitments else ["--commitments=0"]
         self._cmd += [] if reference_kernels else ["--reference_kernels=0", "--f32_attention=0"]
         self._cmd += ["--f32_matmul_activations=1"] if f32_matmul_activations else []
+        self._cmd += [f"--device={device}"] if device != "cpu" else []
         self._node_key = node_key
         self._cert = tls[0].read_bytes() if tls else None
         self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this process

@@ -53,9 +53,11 @@ BACKEND_DEFAULTS = {
 PINNED_MATMUL_ACTIVATIONS = {"smollm2": "quantized", "gemma3": "f32"}
 
 
-def recipe_of(summary: GgufSummary, backend: str, matmul_activations: str | None = None) -> RuntimeRecipe:
+def recipe_of(summary: GgufSummary, backend: str, matmul_activations: str | None = None,
+              compute_backend: str = "cpu") -> RuntimeRecipe:
     """The recipe of serving `summary`'s artifact with `backend`; `matmul_activations` (None: the
-    backend's default) may only be chosen for the gguf backend."""
+    backend's default) may only be chosen for the gguf backend, and so may a `compute_backend`
+    other than the CPU (ADR 0014)."""
     if backend not in BACKEND_DEFAULTS:
         raise ValueError(f"unknown backend {backend!r}; known: {sorted(BACKEND_DEFAULTS)}")
     fields = dict(BACKEND_DEFAULTS[backend])
@@ -63,24 +65,29 @@ def recipe_of(summary: GgufSummary, backend: str, matmul_activations: str | None
         if backend != "gguf" and matmul_activations != fields["matmul_activations"]:
             raise ValueError(f"the {backend} backend computes matmuls with {fields['matmul_activations']} activations")
         fields["matmul_activations"] = matmul_activations
-    return recipe_for(summary, backend, **fields)
+    return recipe_for(summary, backend, compute_backend=compute_backend, **fields)
 
 
-def node_fingerprints(gguf: str | Path, backend: str,
-                      matmul_activations: str | None = None) -> tuple[GgufSummary, str, str]:
+def node_fingerprints(gguf: str | Path, backend: str, matmul_activations: str | None = None,
+                      compute_backend: str = "cpu") -> tuple[GgufSummary, str, str]:
     """(summary, artifact fingerprint, recipe fingerprint) of serving `gguf` with `backend`."""
     summary = gguf_summary(gguf)
-    return summary, artifact_fingerprint(gguf), recipe_of(summary, backend, matmul_activations).fingerprint()
+    recipe = recipe_of(summary, backend, matmul_activations, compute_backend)
+    return summary, artifact_fingerprint(gguf), recipe.fingerprint()
 
 
-def certify(gguf: str | Path, model: str, backend: str, matmul_activations: str | None = None) -> dict:
-    """The tracker's entry; `matmul_activations` is recorded in clear too, so a node refused for
-    another recipe is told which one to run."""
+def certify(gguf: str | Path, model: str, backend: str, matmul_activations: str | None = None,
+            compute_backend: str = "cpu") -> dict:
+    """The tracker's entry; `matmul_activations` and a compute backend other than the CPU are
+    recorded in clear too, so a node refused for another recipe is told which one to run."""
     summary = gguf_summary(gguf)
-    recipe = recipe_of(summary, backend, matmul_activations)
-    return {"model": model, "architecture": summary.architecture, "n_layer": summary.n_layer,
-            "artifact_fingerprint": artifact_fingerprint(gguf), "recipe_fingerprint": recipe.fingerprint(),
-            "matmul_activations": recipe.matmul_activations, "tensor_digests": tensor_digests(gguf)[1]}
+    recipe = recipe_of(summary, backend, matmul_activations, compute_backend)
+    entry = {"model": model, "architecture": summary.architecture, "n_layer": summary.n_layer,
+             "artifact_fingerprint": artifact_fingerprint(gguf), "recipe_fingerprint": recipe.fingerprint(),
+             "matmul_activations": recipe.matmul_activations, "tensor_digests": tensor_digests(gguf)[1]}
+    if compute_backend != "cpu":
+        entry["compute_backend"] = compute_backend
+    return entry
 
 
 def main() -> None:

@@ -24,6 +24,18 @@ ACTIVATION_DTYPES = ("f32", "f16", "bf16")  # the seam's hidden-state wire dtype
 MATMUL_ACTIVATIONS = ("quantized", "f32")
 # KV cache element types llama.cpp accepts (its --cache-type-k/-v choices).
 KV_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# The ggml backend a gguf shard computes on (ADR 0014): its kernels are part of what it computes.
+# Only the backend is named, not which device of it (vulkan0 and vulkan1 run the same shaders).
+COMPUTE_BACKENDS = ("cpu", "vulkan", "cuda")
+
+
+def compute_backend_of(device: str) -> str:
+    """The compute backend of a worker `--device` ("cpu", "vulkan0", "cuda1", ...)."""
+    name = device.strip().lower()
+    for backend in COMPUTE_BACKENDS:
+        if name == backend == "cpu" or (backend != "cpu" and name.startswith(backend) and name[len(backend):].isdigit()):
+            return backend
+    raise ValueError(f"device {device!r}: expected cpu or one of {[b + 'N' for b in COMPUTE_BACKENDS[1:]]}")
 
 
 def engine_tool_flags(matmul_activations: str) -> list[str]:
@@ -46,6 +58,7 @@ class RuntimeRecipe:
     rope_freq_base: float  # RoPE base frequency (theta)
     rope_freq_scale: float  # RoPE frequency scale, llama.cpp's convention (1 / scaling factor)
     patch_level: str  # runtime build identity, e.g. "llama.cpp@0c1e570+0/0" ("" for reference)
+    compute_backend: str = "cpu"  # one of COMPUTE_BACKENDS (the reference computes on the CPU)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -54,6 +67,10 @@ class RuntimeRecipe:
             raise ValueError(f"activation_dtype {self.activation_dtype!r} not in {ACTIVATION_DTYPES}")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {self.kv_dtype!r} not in {KV_DTYPES}")
+        if self.compute_backend not in COMPUTE_BACKENDS:
+            raise ValueError(f"compute_backend {self.compute_backend!r} not in {COMPUTE_BACKENDS}")
+        if self.backend != "gguf" and self.compute_backend != "cpu":
+            raise ValueError(f"the {self.backend} backend computes on the CPU")
         if self.matmul_activations not in MATMUL_ACTIVATIONS:
             raise ValueError(f"matmul_activations {self.matmul_activations!r} not in {MATMUL_ACTIVATIONS}")
         for name in ("architecture", "weight_quantization"):
@@ -77,9 +94,13 @@ class RuntimeRecipe:
         \\uXXXX), no whitespace. context_length is a JSON integer. The two rope values are
         converted to float and written as Python's shortest round-trip repr, which is what
         json.dumps emits (e.g. 10000.0, 1.0, 9.999999747378752e-06), so an int 10000 and a
-        float 10000.0 encode the same.
+        float 10000.0 encode the same. compute_backend "cpu" is written as its absence, so the
+        recipes certified before it existed (all on the CPU) keep their fingerprints; any other
+        backend is a key like the rest.
         """
         document = dataclasses.asdict(self)
+        if document["compute_backend"] == "cpu":
+            del document["compute_backend"]
         document["rope_freq_base"] = float(self.rope_freq_base)
         document["rope_freq_scale"] = float(self.rope_freq_scale)
         document["recipe_version"] = RECIPE_VERSION
@@ -98,6 +119,7 @@ def recipe_for(
     kv_dtype: str = "f16",
     patch_level: str = "",
     matmul_activations: str = "quantized",
+    compute_backend: str = "cpu",
 ) -> RuntimeRecipe:
     """The recipe of serving the artifact described by `summary` at its training context.
 
@@ -114,6 +136,7 @@ def recipe_for(
         rope_freq_base=summary.rope_freq_base,
         rope_freq_scale=summary.rope_freq_scale,
         patch_level=patch_level,
+        compute_backend=compute_backend,
     )
 
 

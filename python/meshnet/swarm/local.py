@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import grpc
+from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 
 from meshnet.identity import certificates, tls
 from meshnet.identity.keys import Identity
@@ -28,6 +29,7 @@ from meshnet.process import child_env
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import certify
 from meshnet.recipe.cut_model import even_cuts  # noqa: F401 - the swarm's split, re-exported for its callers
+from meshnet.recipe.recipe import compute_backend_of
 from meshnet.tracker.service import new_role_tokens
 
 
@@ -255,7 +257,7 @@ class LocalSwarm:
                  max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False,
                  node_advertise: Sequence[str] = (), node_ggufs: Sequence[Path] = (), node_args: Sequence[str] = (),
                  audit_rate: Optional[float] = None, control_plane=None,
-                 matmul_activations: Optional[str] = None) -> None:
+                 matmul_activations: Optional[str] = None, device: str = "cpu") -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
         namespaces; by default every process is on loopback. `node_ggufs` (one per cut) are
         byte-identical copies of `gguf` each node reads instead, so nodes share no page cache, as
@@ -268,18 +270,22 @@ class LocalSwarm:
         `control_plane`: the trackers to use instead of one TrackerProcess (e.g. a
         swarm.replicated.ReplicatedTrackers: nodes then get every tracker's address).
         `matmul_activations`: the model's recipe's ("f32": quantized weights dequantized, ADR 0012;
-        None: the backend's default), in the tracker's entry and on every node."""
+        None: the backend's default), in the tracker's entry and on every node. `device`: every
+        gguf node's worker computes there ("vulkan0": `worker_binary` must link Vulkan), and the
+        tracker's entry is certified on that compute backend (ADR 0014)."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
         self.tracker = control_plane or TrackerProcess(
-            workdir, [certify(gguf, model, backend, matmul_activations)], lease_seconds=lease_seconds, host=host,
+            workdir, [certify(gguf, model, backend, matmul_activations, compute_backend_of(device))],
+            lease_seconds=lease_seconds, host=host,
             insecure=insecure,
             ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate)
         self.insecure, self.node_metrics = insecure, node_metrics
-        self.node_args = [*(["--matmul-activations", matmul_activations] if matmul_activations else []), *node_args]
+        self.node_args = [*(["--matmul-activations", matmul_activations] if matmul_activations else []),
+                          *(["--device", device] if device != "cpu" else []), *node_args]
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
         self.node_advertise, self.node_ggufs = list(node_advertise), list(node_ggufs)
@@ -330,6 +336,17 @@ class LocalSwarm:
                 self._channels[key] = tls.pinned_channel(address, n.tls_certificate.encode() or None)
             out[n.node_id] = self._channels[key]
         return out
+
+    def health(self) -> dict[str, shard_pb2.HealthReply]:
+        """Every registered node's Health reply, by node name ("node-0", ...)."""
+        names = {node_id: name for name, node_id in self.ids.items()}
+        return {names.get(node_id, node_id): shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5)
+                for node_id, channel in self.shard_channels().items()}
+
+    def devices(self) -> dict[str, str]:
+        """Where every registered node computes, as its worker reports it (Health), by node name."""
+        return {name: f"{reply.device} ({reply.device_description})" if reply.device_description else reply.device
+                for name, reply in sorted(self.health().items())}
 
     def stop(self) -> None:
         for channel in self._channels.values():

@@ -4,6 +4,8 @@
   bazel run //python:swarm -- --model gemma3 [PROMPT]      (Gemma 3 270M Q4_K_M, @gemma3, with
                                                             F32 matmul activations: its certified recipe)
   bazel run //python:swarm -- --gguf /abs/MODEL.gguf [PROMPT]
+  bazel run //python:swarm -- --device vulkan0 [PROMPT]   (every node's range on Vulkan: a GPU, or
+                                                            Mesa's lavapipe where there is none; ADR 0014)
   bazel run //python:swarm -- --serve [--listen 127.0.0.1:8000]
 
 Tokens stream to the terminal as they arrive; the last line gives TTFT and decode tok/s.
@@ -29,7 +31,7 @@ from meshnet.process import stop_on_signals
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.certify import PINNED_MATMUL_ACTIVATIONS
-from meshnet.recipe.recipe import MATMUL_ACTIVATIONS
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, compute_backend_of
 from meshnet.swarm.local import LocalSwarm, even_cuts
 
 
@@ -69,6 +71,10 @@ def main() -> int:
     parser.add_argument("--backend", default="gguf", choices=["gguf", "reference"],
                         help="gguf: native llama.cpp workers; reference: HF Transformers shards")
     parser.add_argument("--worker-binary", type=Path, default=os.environ.get("MESHNET_WORKER_BINARY"))
+    parser.add_argument("--device", default="cpu",
+                        help="gguf: where every node computes: cpu, or a Vulkan device (vulkan0, ...; the worker "
+                             "linked with Vulkan, //cpp/worker:worker_vulkan, which bazel run sets)")
+    parser.add_argument("--vulkan-worker-binary", type=Path, help=argparse.SUPPRESS)  # set by bazel run
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--serve", action="store_true",
                         help="serve the OpenAI-compatible gateway in front of the swarm until Ctrl-C")
@@ -82,6 +88,17 @@ def main() -> int:
         args.matmul_activations = PINNED_MATMUL_ACTIVATIONS[args.model or "smollm2"]
     elif args.matmul_activations is not None and args.backend != "gguf":
         parser.error("--matmul-activations is a choice of the gguf backend (the reference computes in F32)")
+    try:
+        compute_backend = compute_backend_of(args.device)
+    except ValueError as err:
+        parser.error(str(err))
+    if compute_backend != "cpu" and args.backend != "gguf":
+        parser.error("--device is a choice of the gguf backend (the reference computes on the CPU)")
+    if compute_backend == "vulkan":
+        args.worker_binary = args.vulkan_worker_binary
+    elif compute_backend != "cpu":
+        parser.error(f"--device {args.device}: this swarm runs cpu or vulkanN (the {compute_backend} worker is "
+                     "built separately; see the README's GPU section)")
     if args.gguf is None or not Path(args.gguf).is_file():
         parser.error("--gguf PATH is required (bazel run sets the bundled model)")
     try:
@@ -111,8 +128,10 @@ def main() -> int:
             parser.error("--backend gguf needs --worker-binary (bazel run sets it)")
         with LocalSwarm(Path(tmp), Path(args.gguf).resolve(), cuts, model=args.model or "smollm2", backend=args.backend,
                         worker_binary=worker, insecure=args.insecure,
-                        matmul_activations=args.matmul_activations) as swarm:
+                        matmul_activations=args.matmul_activations, device=args.device) as swarm:
             links = "plaintext (--insecure)" if args.insecure else "TLS"
+            if args.device != "cpu":
+                print(f"every node computes on {args.device}: {swarm.devices()}", file=sys.stderr, flush=True)
             print(f"swarm ready in {time.perf_counter() - started:.1f}s; tracker at {swarm.tracker.address}; "
                   f"{links} on every link, route tickets on every hop",
                   file=sys.stderr, flush=True)

@@ -76,6 +76,9 @@ class CertifiedModel:
     # the certified recipe's matmul activations, in clear ("" in an entry from before recipe 2):
     # only to tell a refused node what to run; admission compares the fingerprint
     matmul_activations: str = ""
+    # the compute backend the recipe names (ADR 0014), in clear for the same reason: "cpu" in an
+    # entry from before it
+    compute_backend: str = "cpu"
 
 
 def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
@@ -174,6 +177,8 @@ class Registry:
         if fp.runtime_recipe != model.recipe_fingerprint:
             hint = (f" (certified with {model.matmul_activations} matmul activations: the node's --matmul-activations "
                     f"{model.matmul_activations})" if model.matmul_activations else "")
+            if model.compute_backend != "cpu":
+                hint += f" (certified on {model.compute_backend}: the node's --device {model.compute_backend}N)"
             return tt.Admission.REFUSED, (f"recipe fingerprint {fp.runtime_recipe} != certified "
                                           f"{model.recipe_fingerprint}{hint}")
         if model.tensor_digests:
