@@ -32,11 +32,15 @@ LOG_TAIL_CHARS = 3000  # of each process's log, shown when the swarm fails
 
 
 def llama_cpp_greedy(greedy: Path, gguf: Path, ids: Sequence[int], tokens: int,
-                     matmul_activations: str = "quantized", runner: Optional[CappedRunner] = None) -> list[int]:
+                     matmul_activations: str = "quantized", runner: Optional[CappedRunner] = None,
+                     device: str = "cpu") -> list[int]:
     """The whole model's greedy tokens in one llama.cpp process (//cpp/engine:greedy: no layer
     range, upstream behaviour; with the recipe's matmul activations), the baseline a route must
-    match token for token. `runner`: where it runs (capped, measured); a plain subprocess if None."""
-    command = [str(greedy), *engine_tool_flags(matmul_activations), str(gguf), str(tokens), *map(str, ids)]
+    match token for token. `runner`: where it runs (capped, measured); a plain subprocess if None.
+    `device`: where it computes (a GPU device needs a `greedy` linked with its backend, e.g.
+    //cpp/engine:greedy_vulkan; ADR 0014)."""
+    command = [str(greedy), *engine_tool_flags(matmul_activations), *(["--device", device] if device != "cpu" else []),
+               str(gguf), str(tokens), *map(str, ids)]
     if runner is None:
         proc = subprocess.run(command, capture_output=True, text=True, check=True)
     else:
