@@ -1,12 +1,13 @@
 """The pinned llama.cpp alone, single process, for comparison with the swarm's output:
 
-  tools/bazel run //tools:generate -- [--threads N] [--max-tokens 48] [PROMPT]
+  tools/bazel run //tools:generate -- [--threads N] [--max-tokens 48] [--device vulkan0] [PROMPT]
 
 Tokenizes PROMPT with the GGUF's own tokenizer (as `swarm` does), runs `//cpp/engine:greedy`
 (the whole model, upstream behaviour, N compute threads) and prints the text, cut at the end of
 generation, then a last line in the swarm's format: tokens, TTFT and decode tok/s. The default
 thread count is half the cores (at least 1, at most 8): more threads than cores makes ggml's
-spinning barriers crawl.
+spinning barriers crawl. `--device vulkan0` runs the whole model on Vulkan instead
+(//cpp/engine:greedy_vulkan): the reference a `swarm --device vulkan0` must equal (ADR 0014).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("prompt", nargs="*", default=["The capital of France is"])
     parser.add_argument("--gguf", type=Path, required=True)
     parser.add_argument("--greedy-binary", type=Path, required=True)
+    parser.add_argument("--greedy-vulkan-binary", type=Path, help=argparse.SUPPRESS)  # set by bazel run
+    parser.add_argument("--device", default="cpu", help="cpu, or a Vulkan device (vulkan0, ...)")
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args(argv)
@@ -37,10 +40,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--threads must be in 1..256")
     if not 1 <= args.max_tokens <= 4096:
         parser.error("--max-tokens must be in 1..4096")
+    greedy, device_flags = args.greedy_binary, []
+    if args.device != "cpu":
+        if not args.device.startswith("vulkan") or args.greedy_vulkan_binary is None:
+            parser.error(f"--device {args.device}: this tool runs cpu or vulkanN (bazel run sets the Vulkan greedy)")
+        greedy, device_flags = args.greedy_vulkan_binary, ["--device", args.device]
     prompt = " ".join(args.prompt)
     tokenizer = GgufTokenizer.from_gguf(args.gguf)
     ids = tokenizer.encode(prompt)
-    proc = subprocess.run([str(args.greedy_binary), str(args.gguf), str(args.max_tokens), *map(str, ids)],
+    proc = subprocess.run([str(greedy), *device_flags, str(args.gguf), str(args.max_tokens), *map(str, ids)],
                           capture_output=True, text=True, env=dict(os.environ, MESHNET_THREADS=str(args.threads)))
     if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr, end="")
@@ -50,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     stops = set(tokenizer.stop_token_ids)
     shown = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
     print(prompt + tokenizer.decode(tokens[:shown]))
-    print(f"[{len(tokens)} tokens, single-process llama.cpp, {args.threads} threads | "
+    where = "" if args.device == "cpu" else f" on {args.device}"
+    print(f"[{len(tokens)} tokens, single-process llama.cpp{where}, {args.threads} threads | "
           f"TTFT {result['ttft_ms']:.0f} ms | decode {result['decode_tok_s']:.1f} tok/s]")
     return 0
 

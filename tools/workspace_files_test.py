@@ -54,6 +54,14 @@ def test_flake_parses():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_flake_pins_nixpkgs_to_a_commit():
+    """A branch (nixos-24.05) moves under the evidence made in its shell; a commit does not."""
+    urls = re.findall(r'url\s*=\s*"([^"]+)"', (ROOT / "flake.nix").read_text())
+    nixpkgs = [u for u in urls if "nixpkgs" in u.lower()]
+    assert len(nixpkgs) == 1, urls
+    assert re.fullmatch(r"github:NixOS/nixpkgs/[0-9a-f]{40}", nixpkgs[0]), nixpkgs[0]
+
+
 def test_no_generated_model_or_upstream_files_tracked():
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout (an exported tree); nothing is tracked")

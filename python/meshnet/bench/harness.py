@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshnet.bench import contract, llama_lanes, report, schema
-from meshnet.bench.lanes import LANES, RUNTIME_ONLY, Bench, Progress, make_prompts, run_group
+from meshnet.bench.lanes import DEFAULT_LANES, LANES, RUNTIME_ONLY, Bench, Progress, make_prompts, run_group
 from meshnet.bench.measure import find_cell
 
 def contract_figures(results: dict) -> dict:
@@ -97,7 +97,7 @@ def contract_figures(results: dict) -> dict:
 
 def _user_args(argv: Optional[list[str]]) -> list[str]:
     """The command line without the tool paths the BUILD target passes itself."""
-    baked = ("--gguf=", "--worker-binary=", "--batched-bench=", "--rpc-server=", "--quantize=", "--dump-logits=")
+    baked = ("--gguf=", "--worker-binary=", "--vulkan-worker-binary=", "--batched-bench=", "--rpc-server=", "--quantize=", "--dump-logits=")
     return [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith(baked)]
 
 
@@ -125,7 +125,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64, help="new tokens per stream (64 to 256)")
     p.add_argument("--threads", type=int, default=1, help="compute threads of every process (see the module doc)")
     p.add_argument("--k", type=int, default=3, help="processes in the split lanes")
-    p.add_argument("--lanes", default=",".join(LANES), help="which lanes, run in this order")
+    p.add_argument("--lanes", default=",".join(DEFAULT_LANES), help="which lanes, run in this order (the Vulkan "
+                   "lanes only when named)")
+    p.add_argument("--vulkan-worker-binary", type=Path, help="//cpp/worker:worker_vulkan, for the *_vulkan lanes")
     p.add_argument("--no-runtime-only", action="store_true", help="skip the F32 runtime-only comparison")
     p.add_argument("--runtime-prompts", default="128")
     p.add_argument("--runtime-concurrency", default="1,8")
@@ -147,7 +149,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     for path in (args.gguf, args.worker_binary, args.batched_bench, args.rpc_server, args.quantize, args.dump_logits):
         if path is None or not Path(path).exists():
             p.error(f"missing file: {path}")
-    for name in ("synthetic_gguf", "synthetic_8b_gguf"):
+    for name in ("synthetic_gguf", "synthetic_8b_gguf", "vulkan_worker_binary"):
         if getattr(args, name) is not None:
             if not getattr(args, name).exists():
                 p.error(f"missing file: {getattr(args, name)}")

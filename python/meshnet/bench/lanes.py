@@ -53,12 +53,19 @@ BIG_MODEL_LANES = ("synthetic_8b_llama_cpp_single_process", "synthetic_8b_gguf_r
 # machine) against no commitments and no audits; and every session audited, the verifier's
 # worst case here (a lane's few sessions seldom draw a 5% audit), which also measures its cost.
 AUDIT_LANES = ("gguf_ring_3_nodes_unaudited", "gguf_ring_3_nodes_audited", "gguf_ring_3_nodes_audited_all")
+# Issue 30: the bundled model's ring with every node on Vulkan (`--device vulkan0`), 1 node (the
+# whole model in one worker on the device) and 3. On lavapipe (no GPU) their speed is a cost of
+# running the Vulkan code, never a GPU figure; tools/gpu_check.py measures real GPUs.
+VULKAN_LANES = ("gguf_ring_1_node_vulkan", "gguf_ring_3_nodes_vulkan")
 LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
          "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
          "gguf_ring_3_nodes_spec", "gateway_3_nodes", *AUDIT_LANES, "gguf_ring_3_nodes_optimized_kernels",
-         "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES, *BIG_MODEL_LANES)
+         "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES, *BIG_MODEL_LANES, *VULKAN_LANES)
+# Run by default: every lane but the Vulkan ones, which need a worker linked with Vulkan and, on
+# Mesa's lavapipe, take minutes for what the CPU lanes do in seconds (named with --lanes).
+DEFAULT_LANES = tuple(name for name in LANES if name not in VULKAN_LANES)
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
 LABELS = {
     "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
@@ -68,6 +75,8 @@ LABELS = {
     "gguf_route_1_node": "GGUF route, 1 node, client-driven decode",
     "gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode",
     "gguf_ring_1_node": "GGUF route, 1 node, ring decode",
+    "gguf_ring_1_node_vulkan": "GGUF route, 1 node, ring decode, on vulkan0",
+    "gguf_ring_3_nodes_vulkan": "GGUF route, {k} nodes, ring decode, every node on vulkan0",
     "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
     "gguf_ring_3_nodes_optimized_kernels": "GGUF route, {k} nodes, ring decode, upstream's CPU kernels and F16 flash "
                                            "attention (batched sessions may differ from solo; ADR 0009, 0010)",
@@ -265,9 +274,15 @@ class Bench:
                                f"{'' if options.commitments else '-nocommit'}"
                                f"{'' if options.reference_kernels else '-optimized'}"
                                f"{'-f32matmul' if options.matmul_activations == 'f32' else ''}"
+                               f"{'' if options.device == 'cpu' else '-' + options.device}"
                                f"{f'-audit{options.audit_rate:g}' if options.verifier else ''}"
                                f"-p{min(prompts)}")
-        result = route_lanes.run_lane(workdir, model, lane_cuts, backend, a.worker_binary, prompts,
+        worker = a.worker_binary
+        if options.device != "cpu":
+            if a.vulkan_worker_binary is None:
+                raise RuntimeError(f"--device {options.device} needs --vulkan-worker-binary (bazel run sets it)")
+            worker = a.vulkan_worker_binary
+        result = route_lanes.run_lane(workdir, model, lane_cuts, backend, worker, prompts,
                                       self.grid(list(prompts), concurrency),
                                       a.tokens, a.threads, self.node_kv_tokens, progress, options=options, **extra)
         processes, nodes = [], []
@@ -288,6 +303,9 @@ class Bench:
         if options.speculate:
             notes.append(f"speculation: the first hop drafts up to {options.speculate} tokens per step by prompt "
                          "lookup; cells report drafted and accepted tokens")
+        if options.device != "cpu":
+            notes.append(f"every node computes on {options.device}: {result.get('devices')}; on Mesa's lavapipe "
+                         "(llvmpipe) this is the cost of running the Vulkan shaders on the CPU, not a GPU speed")
         if backend == "reference":
             notes.append("the reference shard does not report compute time, so seam overhead is n/a")
         if not options.commitments:
@@ -366,6 +384,10 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
                                                 options=RouteOptions(ring=True)),
         "gguf_ring_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                  options=RouteOptions(ring=True)),
+        "gguf_ring_1_node_vulkan": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress,
+                                                       options=RouteOptions(ring=True, device="vulkan0")),
+        "gguf_ring_3_nodes_vulkan": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                        options=RouteOptions(ring=True, device="vulkan0")),
         "wan_10ms_gguf_route_3_nodes": lambda: proxy_wan_lane(bench, model, prompts, progress, 10, ring=False),
         "gguf_ring_3_nodes_optimized_kernels": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                                    options=RouteOptions(ring=True,

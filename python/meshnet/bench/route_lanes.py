@@ -50,6 +50,7 @@ class RouteOptions:
     audit_rate: Optional[float] = None  # the tracker's audit draw (None: its default)
     reference_kernels: bool = True  # False: upstream's CPU kernels, F16 flash attention (ADR 0009, 0010)
     matmul_activations: Optional[str] = None  # the recipe's (ADR 0012); None: the backend's default
+    device: str = "cpu"  # where every node computes (ADR 0014): vulkan0 needs a worker linked with Vulkan
     # The verifier role running during the lane on this machine: (dump_boundaries binary, calibration.json).
     verifier: Optional[tuple[Path, Path]] = None
 
@@ -185,12 +186,15 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], backend
                         node_advertise=[p.address for p in proxies],
                         node_args=([] if options.commitments else ["--no-commitments"]) +
                                   ([] if options.reference_kernels else ["--optimized-kernels"]),
-                        audit_rate=options.audit_rate, matmul_activations=options.matmul_activations) as swarm:
+                        audit_rate=options.audit_rate, matmul_activations=options.matmul_activations,
+                        device=options.device) as swarm:
             for proxy, node in zip(proxies, swarm.nodes.values()):  # nodes in cut order
                 proxy.target = (node.host, node.port)
             startup_s = time.perf_counter() - started
             with Verifying(swarm, gguf, options.verifier) as verifying:
                 result = _measure(swarm, prompts, cells, tokens, progress, options, len(cuts), startup_s)
+            if options.device != "cpu":
+                result["devices"] = swarm.devices()
             if options.verifier is not None:
                 result["audits"] = verifying.stats.summary()
             return result
