@@ -40,6 +40,7 @@ CHANGES = dict(
     rope_freq_base=100000.5,
     rope_freq_scale=0.25,
     patch_level="llama.cpp@0c1e570+5/5",
+    compute_backend="vulkan",
 )
 
 
@@ -47,6 +48,14 @@ def test_canonical_bytes_are_exact():
     recipe = RuntimeRecipe(**FIELDS)
     assert recipe.canonical_bytes() == EXPECTED_BYTES
     assert recipe.fingerprint() == "sha256:" + hashlib.sha256(EXPECTED_BYTES).hexdigest()
+
+
+def test_cpu_compute_backend_is_written_as_its_absence():
+    """CPU recipes keep the fingerprints they had before devices existed; another backend is named."""
+    vulkan = RuntimeRecipe(**FIELDS, compute_backend="vulkan")
+    assert RuntimeRecipe(**FIELDS, compute_backend="cpu").canonical_bytes() == EXPECTED_BYTES
+    assert b'"compute_backend":"vulkan",' in vulkan.canonical_bytes()
+    assert vulkan.fingerprint() != RuntimeRecipe(**FIELDS).fingerprint()
 
 
 def test_floats_use_shortest_round_trip_and_ints_equal_floats():
