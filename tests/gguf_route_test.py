@@ -21,8 +21,8 @@ from meshnet.bench.prompts import COPY_HEAVY
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
-from route_cases import (MORE_PROMPTS, PROMPTS, TOKENS, cancel_after_five, generate,  # noqa: F401 - fixtures
-                         generate_killing_the_middle_hop, llama_cpp_greedy, tokenizer, tracker)
+from route_cases import (MORE_PROMPTS, PROMPTS, TOKENS, cancel_after, generate,  # noqa: F401 - fixtures
+                         generate_killing_the_middle_hop, llama_cpp_greedy, tokenizer, tracker, wait_all_free)
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
@@ -51,18 +51,6 @@ def health(swarm) -> dict[str, shard_pb2.HealthReply]:
     for node_id, channel in swarm.shard_channels().items():
         out[node_id] = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5)
     return out
-
-
-def wait_all_free(swarm, timeout: float) -> tuple[float, dict]:
-    """Seconds until every hop holds no session and no KV cell (or the timeout)."""
-    started = time.monotonic()
-    while True:
-        replies = health(swarm)
-        busy = {k: (h.active_sessions, h.kv_cells_used) for k, h in replies.items()
-                if h.active_sessions or h.kv_cells_used}
-        if not busy or time.monotonic() - started > timeout:
-            return time.monotonic() - started, busy
-        time.sleep(0.02)
 
 
 def test_gguf_route_matches_single_process_llama_cpp(swarm, tracker, tokenizer, baseline):
@@ -149,7 +137,7 @@ def test_eight_concurrent_sessions_keep_their_solo_tokens(swarm, tracker, tokeni
 
 
 def test_cancel_and_disconnect_free_every_hop_within_a_second(swarm, tracker, tokenizer):
-    cancel_after_five(tracker, tokenizer)
+    cancel_after(tracker, tokenizer)
     elapsed, busy = wait_all_free(swarm, timeout=1.0)
     assert not busy and elapsed <= 1.0, (elapsed, busy)
 

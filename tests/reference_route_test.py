@@ -20,7 +20,7 @@ from meshnet.client.session import GenerationParams, MeshnetError, RouteClient
 from meshnet.reference.model import load_model
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
-from route_cases import (MORE_PROMPTS, PROMPTS, TOKENS, cancel_after_five, generate,  # noqa: F401 - fixtures
+from route_cases import (MORE_PROMPTS, PROMPTS, TOKENS, cancel_after, generate,  # noqa: F401 - fixtures
                          generate_killing_the_middle_hop, tokenizer, tracker)
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import StatusCode
@@ -96,7 +96,7 @@ def test_cancel_in_prefill_and_in_decode_frees_every_hop(swarm, tracker, tokeniz
     assert len(list(stream)) < 32
     assert wait_all_released(swarm) == {name: 0 for name in swarm.nodes}
 
-    got = cancel_after_five(tracker, tokenizer)
+    got = cancel_after(tracker, tokenizer)
     assert 5 <= len(got) < 48
     assert wait_all_released(swarm) == {name: 0 for name in swarm.nodes}
 

@@ -1,7 +1,8 @@
 // The native shard worker: serves layers [layer_start, layer_end) of a GGUF over the
 // seam protocol (meshnet.shard.v1.Shard). Started and supervised by the node.
 //
-// Usage: worker --model=PATH --node_id=ID --tracker_key=<64 hex>
+// Usage: worker --list_devices=1   (one JSON line per device it can compute on, then exit 0)
+//        worker --model=PATH --node_id=ID --tracker_key=<64 hex>
 //   (--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] [--device=cpu|vulkan0|...]
 //   [--listen=127.0.0.1:0]
 //   [--threads=N] [--max_sessions=N] [--n_ctx=N] [--max_batch_tokens=N]
@@ -39,6 +40,7 @@
 #include <sstream>
 #include <string>
 
+#include "cpp/engine/devices.h"
 #include "cpp/protocol/ticket.h"
 #include "cpp/worker/scheduler/scheduler.h"
 #include "cpp/worker/service.h"
@@ -72,6 +74,37 @@ bool ReadFile(const std::string& path, std::string* out) {
   return !out->empty();
 }
 
+// `text` as a JSON string literal (a driver's description may hold any byte).
+std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+// --list_devices=1: what the node sizes a range's KV by before it starts the worker (ADR 0014).
+// Field names are Health's.
+int ListDevices() {
+  for (const meshnet::engine::DeviceInfo& device : meshnet::engine::ListDevices()) {
+    std::cout << "{\"device\":" << JsonString(device.name)
+              << ",\"device_description\":" << JsonString(device.description)
+              << ",\"device_backend\":" << JsonString(device.backend)
+              << ",\"device_memory_free\":" << device.memory_free
+              << ",\"device_memory_total\":" << device.memory_total << "}\n";
+  }
+  return 0;
+}
+
 // The largest legal frame: one 1 MiB fragment plus 64 KiB of headers and tickets (ADR 0003).
 constexpr int kMaxFrameBytes = (1 << 20) + (64 << 10);
 
@@ -83,7 +116,9 @@ int main(int argc, char** argv) {
   // (measured in soak_test.cc). Two arenas keep it flat at no measurable cost here.
   mallopt(M_ARENA_MAX, 2);
   std::map<std::string, std::string> flags;
-  if (!ParseFlags(argc, argv, &flags) || !flags.count("model")) {
+  const bool parsed = ParseFlags(argc, argv, &flags);
+  if (parsed && Int(flags, "list_devices", 0) != 0) return ListDevices();
+  if (!parsed || !flags.count("model")) {
     std::cerr << "usage: worker --model=PATH --node_id=ID --tracker_key=HEX "
                  "(--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] ...\n";
     return 2;

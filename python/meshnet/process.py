@@ -1,11 +1,13 @@
 """Process plumbing shared by every role's main(): JSON-line logs, role tokens, the port file
 that tells a launcher where a server listens, the "listening" line shard processes print, and a
-stop event set by SIGTERM/SIGINT."""
+stop event set by SIGTERM/SIGINT, and sizes as flags take them."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,17 @@ from typing import Any, Optional
 def log(event: str, **fields: Any) -> None:
     """One structured line per event on stderr."""
     print(json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str), file=sys.stderr, flush=True)
+
+
+def parse_size(text: str) -> int:
+    """"1.5G", "1536M", "800K" or a byte count -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 1.5G, 1536M or 1610612736")
+    value = int(float(match[1]) * 1024 ** "_KMGT".index(match[2].upper() or "_"))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return value
 
 
 def child_env() -> dict[str, str]:

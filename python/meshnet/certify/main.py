@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from meshnet.recipe import certify as entries
 from meshnet.recipe.adapters import has_adapter, layer_range_adapters
 from meshnet.recipe.cut_model import cut
 from meshnet.memory_cap import CappedRunner, MemoryCap, cgroup_problem
+from meshnet.process import parse_size
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.gguf_header import read_header
 from meshnet.recipe.model_files import ModelFiles, open_model_files
@@ -65,17 +65,6 @@ TOP1_MIN = 0.98  # issue 18's bar, fixed before any model was measured
 UNQUANTIZED = ("F32", "F16", "BF16")  # weight types no matmul quantizes activations for
 # One process loads the whole model only when the file, a quarter more, and this fit the cap.
 WHOLE_MODEL_MARGIN, WHOLE_MODEL_SLACK = 1.25, 512 * (1 << 20)
-
-
-def parse_size(text: str) -> int:
-    """"1.5G", "1536M", "800K" or a byte count -> bytes (binary units)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 1.5G, 1536M or 1610612736")
-    value = int(float(match[1]) * 1024 ** "_KMGT".index(match[2].upper() or "_"))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a memory cap must be positive")
-    return value
 
 
 def kernel_diagnostics(matmul_activations: str) -> dict[str, list[str]]:

@@ -39,11 +39,13 @@ from meshnet.identity.keys import Identity
 from meshnet.node import metrics as node_metrics
 from meshnet.node.backends import Backend, GgufBackend, ReferenceBackend
 from meshnet.node.tracker_link import NodeRefused, TrackerLink
-from meshnet.process import log, stop_on_signals, tracker_token, write_port_file
+from meshnet.node.device_budget import DEFAULT_KV_TOKENS, DeviceBudget, find_device, list_devices, plan
+from meshnet.process import log, parse_size, stop_on_signals, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, compute_backend_of
 from meshnet.recipe.fingerprint import declared_artifact_fingerprint, summarize_range
+from meshnet.recipe.range_memory import range_memory
 from meshnet.recipe.range_part import part_of
 from meshnet.relay.agent import RelayAgent
 from meshnet.relay.errors import RelayUnavailable
@@ -85,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--advertise", help="host:port registered with the tracker, where peers dial this node, when "
                         "it is not the bound --listen address (a port forward or a proxy in front of it)")
     parser.add_argument("--max-sessions", type=int, default=16)
-    parser.add_argument("--max-kv-tokens", type=int, default=32768)
+    parser.add_argument("--max-kv-tokens", type=int,
+                        help=f"KV cells the node holds (default: as many as fit on --device beside the range's weights, "
+                             f"at most {DEFAULT_KV_TOKENS}; gguf refuses a value that does not fit)")
+    parser.add_argument("--device-memory", type=parse_size, metavar="SIZE",
+                        help="gguf: the most the node may hold on --device for weights and KV, e.g. 6G (default: the "
+                             "device's free memory less a reserve for compute buffers and the driver)")
     parser.add_argument("--threads", type=int, default=1, help="compute threads")
     parser.add_argument("--heartbeat-seconds", type=float, default=2.0)
     parser.add_argument("--drain-seconds", type=float, default=30.0)
@@ -158,6 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         recipe = recipe_of(summary, args.backend, args.matmul_activations, compute_backend_of(args.device))
     except ValueError as err:
         parser.error(f"--matmul-activations/--device: {err}")
+    device: Optional[DeviceBudget] = None
+    if args.backend == "gguf":
+        try:
+            device = device_budget(args, start, end)
+        except (ValueError, RuntimeError) as err:  # DoesNotFit among them: nothing is loaded yet
+            parser.error(f"--device {args.device}: {err}")
+        log("device", device=device.device.name, description=device.device.description,
+            free_bytes=device.device.memory_free_bytes, budget_bytes=device.budget_bytes,
+            kv_tokens=device.kv_tokens, memory_bytes=device.memory_bytes)
+    max_kv_tokens = device.kv_tokens if device else (args.max_kv_tokens or DEFAULT_KV_TOKENS)
     identity = Identity.load_or_create(args.identity)
     node_id = identity.node_id
     relay_ca = args.relay_ca or args.tracker_ca
@@ -178,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             served = args.cheat_serve_gguf or args.gguf  # tests only: another file than the one certified
             backend = GgufBackend(Path(args.worker_binary), served, (start, end), args.listen, node_id,
                                   threads=args.threads, max_sessions=args.max_sessions,
-                                  max_kv_tokens=args.max_kv_tokens, tracker_key=tracker_key,
+                                  max_kv_tokens=max_kv_tokens, tracker_key=tracker_key,
                                   tls=(cert_path, key_path) if cert_pem else None,
                                   log=args.port_file.with_suffix(".worker.log") if args.port_file else None,
                                   node_key=identity.seed, cheat=args.cheat or "",
@@ -191,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
             backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id,
                                        Fingerprints(artifact, recipe.fingerprint()),
-                                       max_sessions=args.max_sessions, max_kv_tokens=args.max_kv_tokens,
+                                       max_sessions=args.max_sessions, max_kv_tokens=max_kv_tokens,
                                        idle_seconds=args.session_idle_seconds, tracker_key=tracker_key,
                                        tls=(cert_pem, key_pem) if cert_pem else None)
         probe = node_metrics.HealthProbe(lambda: backend.address, cert_pem)
@@ -218,14 +235,27 @@ def main(argv: list[str] | None = None) -> int:
             return serve(args, tracker, backend, via, tt.NodeInfo(
                 node_id, backend.address, backend.kind, args.model, summary.architecture,
                 Fingerprints(artifact, recipe.fingerprint()), range_fp, tt.LayerRange(start, end),
-                tt.Capacity(args.max_sessions, args.max_kv_tokens, 0, backend.max_session_tokens),
-                summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else ""), metrics)
+                tt.Capacity(args.max_sessions, max_kv_tokens, device.memory_bytes if device else 0,
+                            backend.max_session_tokens),
+                summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else "",
+                device=device.device if device else None), metrics)
         finally:
             if relay is not None:
                 relay.stop()
             if http is not None:
                 http.stop()
             probe.close()
+
+
+def device_budget(args: argparse.Namespace, start: int, end: int) -> DeviceBudget:
+    """What a gguf node holds on --device: its worker binary's device list, the range's memory at
+    the worker's KV type, --device-memory and --max-kv-tokens (node/device_budget.py)."""
+    # The worker's KV is F32 for its F32 attention, F16 under upstream's kernels (engine.cc
+    # UsesF32Attention).
+    memory = range_memory(args.gguf, start, end, "f16" if args.optimized_kernels else "f32")
+    found = find_device(list_devices(Path(args.worker_binary)), args.device)
+    return plan(found, memory, layers=(start, end), max_kv_tokens=args.max_kv_tokens,
+                device_memory=args.device_memory)
 
 
 def serve(args: argparse.Namespace, tracker: TrackerClient, backend, via: Optional["Via"], info: tt.NodeInfo,

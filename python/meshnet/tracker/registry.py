@@ -557,4 +557,10 @@ def _validate_node(info: Optional[tt.NodeInfo]) -> str:
         return f"relay must be at most {MAX_ID_CHARS} characters"
     if not 0.0 <= info.relay_rtt_ms <= MAX_RELAY_RTT_MS:  # also refuses NaN
         return f"relay_rtt_ms {info.relay_rtt_ms} outside 0..{MAX_RELAY_RTT_MS:g}"
+    device = info.device
+    if device is not None:
+        if not device.name or len(device.name) > MAX_ID_CHARS or len(device.description) > MAX_ID_CHARS:
+            return f"device name must be 1..{MAX_ID_CHARS} characters, its description at most {MAX_ID_CHARS}"
+        if device.memory_free_bytes > device.memory_total_bytes:
+            return f"device {device.name}: {device.memory_free_bytes} bytes free of {device.memory_total_bytes}"
     return ""

@@ -138,11 +138,21 @@ def test_a_node_registers_renews_drains_and_leaves_only_as_itself(registry):
     ({"relay": "x" * 500}, "relay"),
     ({"relay": "10.0.0.1:7700", "relay_rtt_ms": -1.0}, "relay_rtt_ms"),
     ({"relay": "10.0.0.1:7700", "relay_rtt_ms": float("nan")}, "relay_rtt_ms"),
+    ({"device": tt.Device("", "llvmpipe", 2, 1)}, "device name"),
+    ({"device": tt.Device("vulkan0", "x" * 500, 2, 1)}, "device name"),
+    ({"device": tt.Device("vulkan0", "llvmpipe", 1, 2)}, "bytes free of"),
 ])
 def test_malformed_registrations_are_invalid_argument(registry, changes, needle):
     reply = register(registry, "a", 0, 30, **changes)
     assert reply.status.code == StatusCode.INVALID_ARGUMENT and needle in reply.status.message
     assert registry.register(None, key("a").public_key).status.code == StatusCode.INVALID_ARGUMENT
+
+
+def test_a_node_s_device_is_kept_and_shown_in_routes(registry):
+    gpu = tt.Device("vulkan0", "Radeon 8060S", 96 << 30, 90 << 30)
+    assert register(registry, "gpu", 0, 30, device=gpu).status.ok
+    route = open_route(registry)
+    assert route.hops[0].node.device == gpu
 
 
 def test_a_relayed_node_is_routed_only_where_no_direct_one_is_cheaper(registry):

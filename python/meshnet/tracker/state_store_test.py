@@ -81,7 +81,7 @@ def node(name: str = "a", start: int = 0, end: int = 30) -> NodeRecord:
     info = tt.NodeInfo(key.node_id, f"10.0.0.{len(name)}:7000", tt.BackendKind.GGUF, "smol", "llama",
                        Fingerprints("sha256:art", "sha256:rec"), "sha256:range", tt.LayerRange(start, end),
                        tt.Capacity(4, 4096, 1 << 30, 2048), 30, key.public_key, "-----BEGIN CERTIFICATE-----\n",
-                       "10.0.0.9:7700", 1.5)
+                       "10.0.0.9:7700", 1.5, tt.Device("vulkan0", "llvmpipe", 2 << 30, 1 << 30))
     return NodeRecord(info, tt.Admission.ROUTABLE, "")
 
 
@@ -111,6 +111,15 @@ def test_a_node_lives_while_its_lease_does(harness):
     assert store.refresh_node(node_id, 2, None) and store.nodes()[0].load.active_sessions == 3  # load kept
     harness.expires(lambda: not store.nodes(), 2.1)
     assert not store.refresh_node(node_id, 2, None) and not store.drain_node(node_id)
+
+
+def test_records_written_before_devices_read_back_without_one():
+    from meshnet.tracker import store_codec
+
+    record = node()
+    value = store_codec.load(store_codec.node_value(record))
+    del value["info"]["device"]  # as a tracker before ADR 0014 wrote it
+    assert store_codec.node_record(value).info == dataclasses.replace(record.info, device=None)
 
 
 def test_drain_remove_and_register_again(harness):

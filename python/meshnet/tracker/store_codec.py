@@ -9,6 +9,7 @@ MAX_VALUE_BYTES (RecordTooLarge past it), well inside etcd's default 1.5 MiB req
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any, Callable, Optional
@@ -95,7 +96,8 @@ def _info(info: Optional[tt.NodeInfo]) -> dict[str, Any]:
             "range_fingerprint": info.range_fingerprint, "layers": [layers.start, layers.end] if layers else None,
             "capacity": [cap.max_sessions, cap.kv_tokens, cap.memory_bytes, cap.max_session_tokens] if cap else None,
             "n_layer": info.n_layer, "public_key": info.public_key.hex(), "tls_certificate": info.tls_certificate,
-            "relay": info.relay, "relay_rtt_ms": info.relay_rtt_ms}
+            "relay": info.relay, "relay_rtt_ms": info.relay_rtt_ms,
+            "device": dataclasses.astuple(info.device) if info.device else None}
 
 
 def _node_info(v: dict[str, Any]) -> tt.NodeInfo:
@@ -105,4 +107,8 @@ def _node_info(v: dict[str, Any]) -> tt.NodeInfo:
                        str(v["range_fingerprint"]), tt.LayerRange(*map(int, layers)) if layers else None,
                        tt.Capacity(*map(int, cap)) if cap else None, int(v["n_layer"]),
                        bytes.fromhex(v["public_key"]), str(v["tls_certificate"]), str(v["relay"]),
-                       float(v["relay_rtt_ms"]))
+                       float(v["relay_rtt_ms"]), _device(v.get("device")))  # absent in records before ADR 0014
+
+
+def _device(v: Optional[list]) -> Optional[tt.Device]:
+    return tt.Device(str(v[0]), str(v[1]), int(v[2]), int(v[3])) if v else None

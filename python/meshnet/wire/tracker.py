@@ -53,6 +53,14 @@ class Capacity:
 
 
 @dataclasses.dataclass(frozen=True)
+class Device:
+    name: str = ""  # "cpu", "vulkan0", "cuda0", ... (ADR 0014)
+    description: str = ""  # the driver's name for it
+    memory_total_bytes: int = 0
+    memory_free_bytes: int = 0  # when the node started its worker
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeInfo:
     node_id: NodeId
     address: str  # host:port of the Seam service
@@ -68,6 +76,7 @@ class NodeInfo:
     tls_certificate: str = ""  # PEM of the shard service's certificate, pinned by its peers
     relay: str = ""  # host:port of the relay `address` is an allocation on; "" = reached directly
     relay_rtt_ms: float = 0.0  # the node's measured round trip to that relay
+    device: Optional[Device] = None  # where the range computes; None: not reported
 
 
 @dataclasses.dataclass(frozen=True)
