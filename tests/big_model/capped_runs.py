@@ -17,23 +17,9 @@ from meshnet.certify.streamed import greedy_matches_teacher_forced
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.memory_cap import CappedRunner, MemoryCap, evict_from_page_cache
 from meshnet.recipe.cut_model import cut
-from meshnet.recipe.gguf_header import read_header
 from meshnet.recipe.model_files import open_model_files
 from meshnet.swarm.local import LocalSwarm
 from meshnet.verify import audit, verifier
-
-F16_BYTES = 2
-
-
-def kv_bytes(gguf: Path, layers: tuple[int, int], kv_tokens: int) -> int:
-    """The F16 K and V cache of `kv_tokens` cells over `layers`, as the worker allocates it."""
-    meta = read_header(gguf).metadata
-    arch = meta["general.architecture"]
-    heads_kv = meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"])
-    head_dim = meta.get(f"{arch}.attention.key_length",
-                        meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"])
-    return 2 * F16_BYTES * heads_kv * head_dim * (layers[1] - layers[0]) * kv_tokens
-
 
 def capped_route(gguf: Path, parts: Sequence[Path], cuts: Sequence[tuple[int, int]], caps: Sequence[int], *,
                  model: str, prompts: Sequence[Sequence[int]], tokens: int, worker: Path, greedy: Path,

@@ -33,9 +33,10 @@ from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.memory_cap import cgroup_problem
 from meshnet.recipe.cut_model import cut
 from meshnet.recipe.fingerprint import gguf_summary
+from meshnet.recipe.range_memory import range_memory
 from meshnet.swarm.local import even_cuts
 from meshnet.verify import commitment
-from capped_runs import Cheat, audit_cheaters, capped_route, kv_bytes, middle_part_of
+from capped_runs import Cheat, audit_cheaters, capped_route, middle_part_of
 
 MIB = 1 << 20
 
@@ -63,7 +64,7 @@ def parts_for(gguf: Path, cuts: list[tuple[int, int]], work: Path) -> tuple[list
 
 def node_caps(args: argparse.Namespace, cuts: list[tuple[int, int]]) -> list[int]:
     whole = args.gguf.stat().st_size
-    return [int(args.cap_fraction * whole) + kv_bytes(args.gguf, c, args.max_kv_tokens) for c in cuts]
+    return [int(args.cap_fraction * whole) + range_memory(args.gguf, *c).kv_bytes_per_token * args.max_kv_tokens for c in cuts]
 
 
 def run_route(args: argparse.Namespace, cuts, parts, record) -> tuple[dict, bool]:

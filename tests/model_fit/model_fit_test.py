@@ -26,7 +26,7 @@ import pytest
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.memory_cap import MemoryCap, cgroup_problem, evict_from_page_cache, peak_rss_bytes
 from meshnet.recipe.fingerprint import gguf_summary
-from meshnet.recipe.gguf_header import read_header
+from meshnet.recipe.range_memory import range_memory
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm, even_cuts
 from route_cases import PROMPTS, llama_cpp_greedy
@@ -65,12 +65,7 @@ def report() -> dict:
 
 def node_kv_bytes(path: Path, layers: int) -> int:
     """f16 K and V for MAX_SESSIONS x SESSION_TOKENS positions over `layers` layers."""
-    summary = gguf_summary(path)
-    metadata = read_header(path).metadata
-    heads = metadata[f"{summary.architecture}.attention.head_count"]
-    kv_heads = metadata.get(f"{summary.architecture}.attention.head_count_kv", heads)
-    kv_dim = summary.n_embd // heads * kv_heads
-    return MAX_SESSIONS * SESSION_TOKENS * layers * 2 * kv_dim * 2
+    return MAX_SESSIONS * SESSION_TOKENS * range_memory(path, 0, layers, "f16").kv_bytes_per_token
 
 
 def test_three_capped_nodes_give_the_single_process_tokens(tmp_path, model, prompts, report):

@@ -165,16 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         recipe = recipe_of(summary, args.backend, args.matmul_activations, compute_backend_of(args.device))
     except ValueError as err:
         parser.error(f"--matmul-activations/--device: {err}")
-    device: Optional[DeviceBudget] = None
+    budget: Optional[DeviceBudget] = None
     if args.backend == "gguf":
         try:
-            device = device_budget(args, start, end)
+            budget = device_budget(args, start, end)
         except (ValueError, RuntimeError) as err:  # DoesNotFit among them: nothing is loaded yet
             parser.error(f"--device {args.device}: {err}")
-        log("device", device=device.device.name, description=device.device.description,
-            free_bytes=device.device.memory_free_bytes, budget_bytes=device.budget_bytes,
-            kv_tokens=device.kv_tokens, memory_bytes=device.memory_bytes)
-    max_kv_tokens = device.kv_tokens if device else (args.max_kv_tokens or DEFAULT_KV_TOKENS)
+        log("device", device=budget.device.name, description=budget.device.description,
+            free_bytes=budget.device.memory_free_bytes, budget_bytes=budget.budget_bytes,
+            kv_tokens=budget.kv_tokens, memory_bytes=budget.memory_bytes)
+    max_kv_tokens = budget.kv_tokens if budget else (args.max_kv_tokens or DEFAULT_KV_TOKENS)
     identity = Identity.load_or_create(args.identity)
     node_id = identity.node_id
     relay_ca = args.relay_ca or args.tracker_ca
@@ -235,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             return serve(args, tracker, backend, via, tt.NodeInfo(
                 node_id, backend.address, backend.kind, args.model, summary.architecture,
                 Fingerprints(artifact, recipe.fingerprint()), range_fp, tt.LayerRange(start, end),
-                tt.Capacity(args.max_sessions, max_kv_tokens, device.memory_bytes if device else 0,
+                tt.Capacity(args.max_sessions, max_kv_tokens, budget.memory_bytes if budget else 0,
                             backend.max_session_tokens),
                 summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else "",
-                device=device.device if device else None), metrics)
+                device=budget.device if budget else None), metrics)
         finally:
             if relay is not None:
                 relay.stop()

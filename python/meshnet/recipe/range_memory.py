@@ -1,7 +1,7 @@
 """What a layer range of a GGUF needs in memory: its tensors, and its KV cache per token.
 
-A node sizes its KV budget from these and its device's free memory (ADR 0014); tests and the
-bench size memory caps from them. Weight bytes are every tensor the range loads
+A node sizes its KV budget from these and its device's free memory (ADR 0014); the capped
+tests size their memory caps from them. Weight bytes are every tensor the range loads
 (fingerprint.owned_tensor_names), the token embeddings of a first range included although
 llama.cpp keeps those on the host: an overestimate of the device's share, never an
 underestimate. KV bytes are K and V of every layer of the range at the KV element type, as

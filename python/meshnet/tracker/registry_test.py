@@ -146,6 +146,8 @@ def test_malformed_registrations_are_invalid_argument(registry, changes, needle)
     reply = register(registry, "a", 0, 30, **changes)
     assert reply.status.code == StatusCode.INVALID_ARGUMENT and needle in reply.status.message
     assert registry.register(None, key("a").public_key).status.code == StatusCode.INVALID_ARGUMENT
+    assert register(registry, "honest", 0, 30).status.ok  # a well-formed node beside it is served
+    assert route_names(open_route(registry)) == [("honest", 0, 30)]
 
 
 def test_a_node_s_device_is_kept_and_shown_in_routes(registry):
