@@ -44,3 +44,14 @@ CERTIFY_TOOLS = {
     "--measure-shard": "//cpp/engine:measure_shard",
     "--tokenize-binary": "//cpp/engine:tokenize",
 }
+
+# The same tools linked with ggml's Vulkan backend, for `certify --device vulkanN` and routes that
+# mix the CPU and Vulkan (ADR 0015).
+CERTIFY_VULKAN_TOOLS = {
+    "--worker-binary-vulkan": "//cpp/worker:worker_vulkan",
+    "--greedy-binary-vulkan": "//cpp/engine:greedy_vulkan",
+    "--dump-boundaries-vulkan": "//cpp/engine:dump_boundaries_vulkan",
+}
+
+# Both: what //python:certify takes.
+CERTIFY_ALL_TOOLS = dict(CERTIFY_TOOLS, **CERTIFY_VULKAN_TOOLS)

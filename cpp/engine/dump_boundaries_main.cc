@@ -2,10 +2,13 @@
 // of a teacher-forced token sequence: what each hop of a route commits to, and what an audit
 // replays (issue 17's calibration, python/meshnet/verify/calibrate.py).
 //
-// Usage: dump_boundaries [--f32-matmul-activations] [--input-rows FILE] MODEL.gguf OUT_PREFIX RANGES BATCH
-//                       THREADS TOKEN_ID...
+// Usage: dump_boundaries [--f32-matmul-activations] [--device D] [--input-rows FILE] MODEL.gguf OUT_PREFIX
+//                       RANGES BATCH THREADS TOKEN_ID...
 //   --f32-matmul-activations  quantized weights dequantized and dotted with F32 activations, for a
 //            model certified that way (ADR 0012)
+//   --device D  where every range computes: "cpu" (the default) or a GPU device of a backend
+//            linked into the binary (vulkan0 in //cpp/engine:dump_boundaries_vulkan; ADR 0014), as
+//            a shard on that device computes it
 //   --input-rows FILE  the first range takes its input from FILE (float32 [n_tokens, n_embd]: an
 //            earlier run's OUT_PREFIX.<i>.f32) instead of embedding the tokens, which then only
 //            give the sequence its length; that range must not start at layer 0. A chain run
@@ -106,17 +109,18 @@ bool ReadFloats(const std::string& file, size_t count, std::vector<float>* value
 
 int main(int argc, char** argv) {
   bool f32_matmul_activations = false;
-  std::string input_rows;
+  std::string input_rows, device = "cpu";
   for (bool took = true; took;) {  // the flags, in any order, before the positional arguments
     took = false;
     if (meshnet::engine::TakeLeadingFlag(&argc, &argv, "--f32-matmul-activations")) {
       f32_matmul_activations = took = true;
     }
     if (meshnet::engine::TakeLeadingOption(&argc, &argv, "--input-rows", &input_rows)) took = true;
+    if (meshnet::engine::TakeLeadingOption(&argc, &argv, "--device", &device)) took = true;
   }
   if (argc < 7) {
-    std::cerr << "usage: dump_boundaries [--f32-matmul-activations] [--input-rows FILE] MODEL.gguf OUT_PREFIX "
-                 "RANGES BATCH THREADS TOKEN_ID...\n";
+    std::cerr << "usage: dump_boundaries [--f32-matmul-activations] [--device D] [--input-rows FILE] MODEL.gguf "
+                 "OUT_PREFIX RANGES BATCH THREADS TOKEN_ID...\n";
     return 2;
   }
   const std::string path = argv[1], prefix = argv[2];
@@ -138,6 +142,7 @@ int main(int argc, char** argv) {
     model_options.path = range.path.empty() ? path : range.path;
     model_options.layer_start = range.start;
     model_options.layer_end = range.end;
+    model_options.device = device;
     Shard shard;
     shard.model = Model::Open(model_options, &error);
     if (!shard.model) return Fail(error);

@@ -206,6 +206,9 @@ int main(int argc, char** argv) {
   options.max_prefill_chunk = Int(flags, "max_prefill_chunk", 128);
   options.max_queue = Int(flags, "queue", 64);
   options.batch_window = std::chrono::microseconds(Int(flags, "batch_window_us", 0));
+  // On a GPU device, batches are shaped so that a row's numbers do not depend on its company
+  // (BatchShape, ADR 0015); the CPU's reference kernels need no such limit.
+  options.batch_shape = meshnet::worker::BatchShapeFor(options.model.device);
   std::string error;
   std::unique_ptr<meshnet::worker::Scheduler> scheduler =
       meshnet::worker::Scheduler::Start(options, &error);

@@ -12,17 +12,34 @@ using protocol::MakeError;
 using protocol::OkStatus;
 using protocol::Status;
 
+BatchShape BatchShapeFor(const std::string& device) {
+  if (device.empty() || device == "cpu") return {};
+  return {kVectorKernelRows, true};
+}
+
 std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget,
-                             int max_prefill_chunk) {
+                             int max_prefill_chunk, const BatchShape& shape) {
   std::vector<Slice> plan;
+  if (budget <= 0) return plan;
+  const int chunk = std::max(1, max_prefill_chunk);
+  if (shape.prefill_alone) {
+    const auto oldest = std::find_if(pending.begin(), pending.end(),
+                                     [](const PendingView& view) { return view.rows_left > 0; });
+    if (oldest != pending.end() && !oldest->decode) {
+      plan.push_back({static_cast<int>(oldest - pending.begin()), std::min({oldest->rows_left, budget, chunk})});
+      return plan;
+    }
+  }
   std::set<int32_t> seqs;
-  int left = budget;
-  for (int pass = 0; pass < 2; ++pass) {  // decode steps, then prefill chunks
+  int left = budget, decode_rows = 0;
+  for (int pass = 0; pass < (shape.prefill_alone ? 1 : 2); ++pass) {  // decode steps, then prefill chunks
     for (int i = 0; i < static_cast<int>(pending.size()) && left > 0; ++i) {
       const PendingView& view = pending[i];
       if (view.decode != (pass == 0) || view.rows_left <= 0 || seqs.count(view.seq)) continue;
+      if (view.decode && shape.max_decode_rows > 0 && decode_rows >= shape.max_decode_rows) continue;
       int count = std::min(view.rows_left, left);
-      if (!view.decode) count = std::min(count, std::max(1, max_prefill_chunk));
+      if (!view.decode) count = std::min(count, chunk);
+      if (view.decode) decode_rows += count;
       plan.push_back({i, count});
       seqs.insert(view.seq);
       left -= count;
@@ -215,7 +232,7 @@ void Scheduler::Step(engine::Context& ctx) {
     for (const auto& p : pending_) {
       views.push_back({p->item.seq, p->rows - p->done_rows, p->rows == 1});
     }
-    plan = PlanBatch(views, options_.max_batch_tokens, options_.max_prefill_chunk);
+    plan = PlanBatch(views, options_.max_batch_tokens, options_.max_prefill_chunk, options_.batch_shape);
     for (const Slice& slice : plan) planned.push_back(pending_[slice.item]);
     stats_.queue_depth = static_cast<int>(pending_.size());
   }

@@ -53,11 +53,29 @@ struct Slice {  // rows [offset, offset + count) of the item's remaining rows in
   int count = 0;
 };
 
+// What keeps a row's numbers independent of the batch it is in, where the kernels do not (ADR
+// 0015). The CPU's reference kernels compute every row alike whatever its company: no limits.
+// ggml-vulkan picks its kernel per matmul from the batch: up to kVectorKernelRows activation
+// rows go through mul_mat_vec (each row's dot products summed in one order), more through the
+// tiled mul_mm; and with one KV stream per session a batch is split into ubatches of equal rows
+// per sequence, so a prefill batched with decode steps would be computed a row at a time. On such
+// a device a prefill chunk runs alone (as it does solo) and decode steps share a batch only up
+// to kVectorKernelRows rows.
+struct BatchShape {
+  int max_decode_rows = 0;     // one-row decode steps per batch (0: as many as the budget holds)
+  bool prefill_alone = false;  // a prefill chunk shares its batch with nothing
+};
+inline constexpr int kVectorKernelRows = 8;  // ggml-vulkan's mul_mat_vec_max_cols at the pin
+// The shape for a range computing on `device` ("cpu", "vulkan0", ...).
+BatchShape BatchShapeFor(const std::string& device);
+
 // Which rows of `pending` (in queue order) go into the next batch: decode items first, then
 // prefill chunks (each <= max_prefill_chunk), never two slices of one seq, at most `budget`
-// rows. Empty only when `pending` is empty or budget <= 0.
+// rows. Empty only when `pending` is empty or budget <= 0. Under `shape.prefill_alone` a batch
+// is the oldest item's prefill chunk alone when that item is a prefill (so decode steps that
+// keep arriving cannot starve it), else decode steps only, at most `shape.max_decode_rows`.
 std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget,
-                             int max_prefill_chunk);
+                             int max_prefill_chunk, const BatchShape& shape = {});
 
 // ---- the engine thread ----------------------------------------------------------------------
 
@@ -72,6 +90,7 @@ struct SchedulerOptions {
   // rest before it decodes (0: never waits). Sessions that arrive a little apart then share a
   // batch instead of taking turns; a lone session never waits.
   std::chrono::microseconds batch_window{0};
+  BatchShape batch_shape;  // BatchShapeFor(model.device) unless a caller knows better
 };
 
 inline constexpr int kRecentBatches = 4;

@@ -49,6 +49,32 @@ TEST(PlanBatchTest, OneSlicePerSequence) {
   EXPECT_EQ(Pairs(PlanBatch(pending, 64, 64)), (P{{0, 1}, {3, 10}}));
 }
 
+TEST(PlanBatchTest, OnAGpuAPrefillRunsAloneAndDecodesShareUpToTheVectorKernelsRows) {
+  const BatchShape gpu = BatchShapeFor("vulkan0");
+  EXPECT_EQ(gpu.max_decode_rows, kVectorKernelRows);
+  EXPECT_TRUE(gpu.prefill_alone);
+  EXPECT_EQ(BatchShapeFor("cpu").max_decode_rows, 0);
+  EXPECT_FALSE(BatchShapeFor("cpu").prefill_alone);
+  using P = std::vector<std::pair<int, int>>;
+  // The oldest item is a prefill: its chunk alone, whatever waits behind it.
+  std::vector<PendingView> pending = {{0, 100, false}, {1, 1, true}, {2, 30, false}, {3, 1, true}};
+  EXPECT_EQ(Pairs(PlanBatch(pending, 64, 16, gpu)), (P{{0, 16}}));
+  EXPECT_EQ(Pairs(PlanBatch(pending, 5, 16, gpu)), (P{{0, 5}}));
+  // The oldest is a decode step: decode steps only (the waiting prefills go later), at most 8.
+  std::vector<PendingView> decodes;
+  for (int seq = 0; seq < 12; ++seq) decodes.push_back({seq, 1, true});
+  decodes.push_back({20, 30, false});
+  P first_eight;
+  for (int i = 0; i < kVectorKernelRows; ++i) first_eight.emplace_back(i, 1);
+  EXPECT_EQ(Pairs(PlanBatch(decodes, 256, 128, gpu)), first_eight);
+  EXPECT_EQ(Pairs(PlanBatch(decodes, 3, 128, gpu)), (P{{0, 1}, {1, 1}, {2, 1}}));
+  // Served items leave the queue: the prefill becomes the oldest and runs next.
+  std::vector<PendingView> later = {{20, 30, false}, {0, 1, true}, {1, 1, true}};
+  EXPECT_EQ(Pairs(PlanBatch(later, 256, 128, gpu)), (P{{0, 30}}));
+  EXPECT_TRUE(PlanBatch({}, 64, 16, gpu).empty());
+  EXPECT_TRUE(PlanBatch(pending, 0, 16, gpu).empty());
+}
+
 std::string Fixture() {
   const char* dir = std::getenv("TEST_TMPDIR");
   std::string path = std::string(dir ? dir : "/tmp") + "/scheduler_test_tiny.gguf";

@@ -57,7 +57,7 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
                  teacher_forced: Optional[Callable[[Sequence[int], list[int]], dict]] = None,
                  node_prefixes: Optional[Sequence[Sequence[str]]] = None,
                  node_ggufs: Optional[Sequence[Path]] = None, runner: Optional[CappedRunner] = None,
-                 max_kv_tokens: Optional[int] = None) -> dict:
+                 max_kv_tokens: Optional[int] = None, devices: Optional[Sequence[str]] = None) -> dict:
     """{"cuts", "prompts": [{"equal", "first_difference", "teacher_forced"}...], "route_equal",
     "concurrent": {...}}. `cuts` (default: `nodes` even ranges) are the nodes' layer ranges;
     `matmul_activations` the recipe's, on the nodes and the baseline alike. The route's tokens
@@ -68,13 +68,20 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
     node (a memory cgroup); `node_ggufs`: the file each node serves from (its per-range part),
     evicted from the page cache before the nodes start, so that each node's cgroup is charged
     for the weights it reads; `runner`: where single-process llama.cpp runs; `max_kv_tokens`: each
-    node's KV cells (default: what the concurrent sessions need, at least SUITE_KV_TOKENS)."""
+    node's KV cells (default: what the concurrent sessions need, at least SUITE_KV_TOKENS);
+    `devices`: where each node computes (default the CPU; ADR 0014), and where the single process
+    computes when they all name one device (a mix of devices has no single process: give
+    `single_process=False`)."""
     cuts = list(cuts) if cuts is not None else even_cuts(n_layer, nodes)
     if max_kv_tokens is None:  # not the node's default (32768), whose KV would dwarf a capped node's layers
         max_kv_tokens = max(SUITE_KV_TOKENS, CONCURRENT_SESSIONS * (max(map(len, prompts)) + tokens))
+    devices = list(devices) if devices is not None else ["cpu"] * len(cuts)
     baseline = None
     if single_process:
-        baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens, matmul_activations, runner) for ids in prompts]
+        if len(set(devices)) != 1:
+            raise ValueError(f"devices {devices}: a route over several devices has no single-process baseline")
+        baseline = [llama_cpp_greedy(greedy, gguf, ids, tokens, matmul_activations, runner, devices[0])
+                    for ids in prompts]
         log(f"single-process llama.cpp: {len(prompts)} prompts x {tokens} greedy tokens")
     result: dict = {"cuts": cuts, "tokens": tokens, "prompts": [], "single_process": single_process}
     for path in node_ggufs or ():
@@ -84,10 +91,10 @@ def route_parity(gguf: Path, model: str, prompts: Sequence[Sequence[int]], *, wo
             with LocalSwarm(Path(tmp), gguf, cuts, model=model, backend="gguf", worker_binary=worker,
                             max_sessions=CONCURRENT_SESSIONS, threads=1, ban_seconds=BAN_SECONDS,
                             max_ban_seconds=MAX_BAN_SECONDS, matmul_activations=matmul_activations,
-                            max_kv_tokens=max_kv_tokens,
+                            max_kv_tokens=max_kv_tokens, device=devices,
                             node_prefixes=node_prefixes or (), node_ggufs=node_ggufs or ()) as swarm, \
                     swarm.client() as tracker:
-                log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts}")
+                log(f"swarm up: tracker + {len(cuts)} GGUF nodes {cuts} on {', '.join(devices)}")
 
                 def run(ids: Sequence[int]) -> list[int]:
                     return list(RouteClient(tracker, model).generate(list(ids), GenerationParams(max_tokens=tokens)))

@@ -99,11 +99,13 @@ def reference_logits(model: ModelFiles, ids: Sequence[int], ranges: Sequence[tup
 
 
 def llama_cpp_logits(dump_boundaries: Path, model: ModelFiles, ids: Sequence[int], cuts: Sequence[tuple[int, int]],
-                     matmul_activations: str, runner: CappedRunner, threads: int = 2) -> torch.Tensor:
-    """[len(ids), n_vocab] llama.cpp logits of one teacher-forced prefill, one process per cut."""
+                     matmul_activations: str, runner: CappedRunner, threads: int = 2,
+                     devices: Optional[Sequence[str]] = None) -> torch.Tensor:
+    """[len(ids), n_vocab] llama.cpp logits of one teacher-forced prefill, one process per cut
+    (`devices`: where each cut computes; the CPU by default)."""
     try:
         result = boundaries.run_streamed(dump_boundaries, model, ids, cuts, str(len(ids)), threads, matmul_activations,
-                                         runner)
+                                         runner, devices)
     except boundaries.BoundariesError as err:
         raise RuntimeError(f"llama.cpp range chain failed: {err}") from None
     return torch.from_numpy(result["logits"])
@@ -111,16 +113,17 @@ def llama_cpp_logits(dump_boundaries: Path, model: ModelFiles, ids: Sequence[int
 
 def greedy_matches_teacher_forced(dump_boundaries: Path, model: ModelFiles, prompt: Sequence[int],
                                   generated: Sequence[int], cuts: Sequence[tuple[int, int]], matmul_activations: str,
-                                  runner: CappedRunner, threads: int = 2) -> dict:
+                                  runner: CappedRunner, threads: int = 2,
+                                  devices: Optional[Sequence[str]] = None) -> dict:
     """{"equal", "first_difference", "positions"}: whether each generated token is the argmax of
     the range chain teacher-forced over prompt + the tokens before it (the prompt as one batch,
-    then one position per step, as a route computes them)."""
+    then one position per step, as a route computes them), each cut on its device of `devices`."""
     if not generated:
         return {"equal": True, "first_difference": None, "positions": 0}
     sequence = [*prompt, *generated[:-1]]
     try:
         result = boundaries.run_streamed(dump_boundaries, model, sequence, cuts, f"{len(prompt)}:1", threads,
-                                         matmul_activations, runner)
+                                         matmul_activations, runner, devices)
     except boundaries.BoundariesError as err:
         raise RuntimeError(f"llama.cpp range chain failed: {err}") from None
     argmax = result["logits"][len(prompt) - 1:].argmax(axis=1).tolist()

@@ -16,9 +16,10 @@ import argparse
 import json
 import re
 from pathlib import Path
+from typing import Sequence
 
 from meshnet.recipe.fingerprint import GgufSummary, artifact_fingerprint, gguf_summary, tensor_digests
-from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, RuntimeRecipe, recipe_for
+from meshnet.recipe.recipe import MATMUL_ACTIVATIONS, RuntimeRecipe, compute_backend_of, recipe_for
 
 
 def llama_cpp_commit() -> str:
@@ -87,6 +88,63 @@ def certify(gguf: str | Path, model: str, backend: str, matmul_activations: str 
              "matmul_activations": recipe.matmul_activations, "tensor_digests": tensor_digests(gguf)[1]}
     if compute_backend != "cpu":
         entry["compute_backend"] = compute_backend
+    return entry
+
+
+def backend_recipe(entry: dict) -> dict:
+    """One backend's part of an entry made by `certify`: what `other_backends` lists."""
+    return {"compute_backend": entry.get("compute_backend", "cpu"), "recipe_fingerprint": entry["recipe_fingerprint"],
+            "matmul_activations": entry["matmul_activations"], "certification": entry.get("certification", {})}
+
+
+def merge_entry(existing: dict | None, new: dict) -> dict:
+    """The model's entry once `new` (one backend's, as `certify` makes it, with its passed
+    "certification") is certified too (ADR 0015). Another artifact, or no entry yet: `new` alone.
+    The same artifact: `new` replaces that backend's recipe and the other backends stay (the first
+    certified in front, the rest in `other_backends`); a certified mix stays only if the recipe of
+    each of its backends is unchanged."""
+    if existing is None or existing.get("artifact_fingerprint") != new["artifact_fingerprint"]:
+        return dict(new)
+    front, added = backend_recipe(existing), backend_recipe(new)
+    before = [front, *existing.get("other_backends", [])]
+    others = [r for r in existing.get("other_backends", []) if r["compute_backend"] != added["compute_backend"]]
+    if front["compute_backend"] == added["compute_backend"]:
+        merged = dict(new)
+    else:
+        merged = {k: v for k, v in existing.items() if k not in ("other_backends", "mixed_backends")}
+        others.append(added)
+    if others:
+        merged["other_backends"] = others
+    mixed = existing.get("mixed_backends")
+    unchanged = all(r["recipe_fingerprint"] == added["recipe_fingerprint"] for r in before
+                    if r["compute_backend"] == added["compute_backend"])
+    if mixed and unchanged:
+        merged["mixed_backends"] = mixed
+    return merged
+
+
+def certified_backends(entry: dict) -> dict[str, dict]:
+    """compute backend -> its recipe part (`backend_recipe`), for every backend whose
+    certification in `entry` passed."""
+    recipes = [backend_recipe(entry), *entry.get("other_backends", [])]
+    return {r["compute_backend"]: r for r in recipes if r.get("certification", {}).get("passed") is True}
+
+
+def uncertified_entry(gguf: str | Path, model: str, backend: str, matmul_activations: str | None,
+                      devices: Sequence[str]) -> dict:
+    """The entry a local swarm's tracker serves without the suite (--allow-uncertified): the
+    recipe of every compute backend of `devices` (one per node) and, when they are more than one,
+    their mix (ADR 0015). Nothing in it claims a certification."""
+    backends = list(dict.fromkeys(compute_backend_of(device) for device in devices))
+    entry = certify(gguf, model, backend, matmul_activations, backends[0])
+    summary = gguf_summary(gguf)
+    for other in backends[1:]:
+        recipe = recipe_of(summary, backend, matmul_activations, other)
+        entry.setdefault("other_backends", []).append(
+            {"compute_backend": other, "recipe_fingerprint": recipe.fingerprint(),
+             "matmul_activations": recipe.matmul_activations})
+    if len(backends) > 1:
+        entry["mixed_backends"] = {"backends": sorted(backends)}
     return entry
 
 

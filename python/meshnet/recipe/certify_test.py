@@ -80,3 +80,37 @@ def test_the_gguf_recipe_names_the_pin_of_versions_bzl():
     assert certify.BACKEND_DEFAULTS["gguf"]["patch_level"] == f"llama.cpp@{pinned[:7]}"
     if "TEST_SRCDIR" in os.environ:  # under Bazel: through the build, not by reading the .bzl
         assert Path(certify.__file__).with_name("pins.json").exists()
+
+
+def _passed(entry: dict) -> dict:
+    return {**entry, "certification": {"passed": True}}
+
+
+def test_one_entry_keeps_every_certified_backend_of_one_artifact(gguf, tmp_path):
+    """ADR 0015: a pass on another backend joins the entry; a new pass on a backend replaces only
+    its recipe; a mix survives only while its backends' recipes do; another artifact starts over."""
+    cpu = _passed(certify.certify(gguf, "tiny", "gguf"))
+    vulkan = _passed(certify.certify(gguf, "tiny", "gguf", compute_backend="vulkan"))
+    both = certify.merge_entry(certify.merge_entry(None, cpu), vulkan)
+    assert both["recipe_fingerprint"] == cpu["recipe_fingerprint"] and "compute_backend" not in both
+    assert [b["compute_backend"] for b in both["other_backends"]] == ["vulkan"]
+    assert both["other_backends"][0]["recipe_fingerprint"] == vulkan["recipe_fingerprint"] != cpu["recipe_fingerprint"]
+    assert sorted(certify.certified_backends(both)) == ["cpu", "vulkan"]
+    mixed = {**both, "mixed_backends": {"backends": ["cpu", "vulkan"], "certification": {"passed": True}}}
+    again = certify.merge_entry(mixed, vulkan)  # the same recipe certified again: the mix stays
+    assert again["mixed_backends"] == mixed["mixed_backends"] and len(again["other_backends"]) == 1
+    f32 = _passed(certify.certify(gguf, "tiny", "gguf", "f32"))  # the CPU's recipe changes: the mix goes
+    changed = certify.merge_entry(mixed, f32)
+    assert changed["recipe_fingerprint"] == f32["recipe_fingerprint"] and "mixed_backends" not in changed
+    assert [b["compute_backend"] for b in changed["other_backends"]] == ["vulkan"]
+    other = fixtures.write_tiny_llama(tmp_path / "other.gguf", seed=7)
+    fresh = _passed(certify.certify(other, "tiny", "gguf"))
+    assert certify.merge_entry(mixed, fresh) == fresh
+
+
+def test_a_local_swarm_entry_names_each_backend_and_their_mix_without_a_certification(gguf):
+    entry = certify.uncertified_entry(gguf, "tiny", "gguf", None, ["cpu", "vulkan0", "cpu"])
+    assert "certification" not in entry and entry["mixed_backends"] == {"backends": ["cpu", "vulkan"]}
+    assert [b["compute_backend"] for b in entry["other_backends"]] == ["vulkan"]
+    assert certify.certified_backends(entry) == {}
+    assert "other_backends" not in certify.uncertified_entry(gguf, "tiny", "gguf", None, ["vulkan0"] * 3)

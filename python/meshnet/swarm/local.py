@@ -27,9 +27,8 @@ from meshnet.identity import certificates, tls
 from meshnet.identity.keys import Identity
 from meshnet.process import child_env
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.recipe.certify import certify
+from meshnet.recipe.certify import uncertified_entry
 from meshnet.recipe.cut_model import even_cuts  # noqa: F401 - the swarm's split, re-exported for its callers
-from meshnet.recipe.recipe import compute_backend_of
 from meshnet.tracker.service import new_role_tokens
 
 
@@ -257,7 +256,7 @@ class LocalSwarm:
                  max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False,
                  node_advertise: Sequence[str] = (), node_ggufs: Sequence[Path] = (), node_args: Sequence[str] = (),
                  audit_rate: Optional[float] = None, control_plane=None,
-                 matmul_activations: Optional[str] = None, device: str = "cpu") -> None:
+                 matmul_activations: Optional[str] = None, device: str | Sequence[str] = "cpu") -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
         namespaces; by default every process is on loopback. `node_ggufs` (one per cut) are
         byte-identical copies of `gguf` each node reads instead, so nodes share no page cache, as
@@ -272,20 +271,24 @@ class LocalSwarm:
         `matmul_activations`: the model's recipe's ("f32": quantized weights dequantized, ADR 0012;
         None: the backend's default), in the tracker's entry and on every node. `device`: every
         gguf node's worker computes there ("vulkan0": `worker_binary` must link Vulkan), and the
-        tracker's entry is certified on that compute backend (ADR 0014)."""
+        tracker's entry is certified on that compute backend (ADR 0014); a list (one per cut)
+        puts each node on its own device, and the entry then names every backend and their mix
+        (ADR 0015: what //python:certify's cross-backend run serves)."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
+        self.devices = [device] * len(cuts) if isinstance(device, str) else list(device)
+        if len(self.devices) != len(cuts):
+            raise ValueError(f"{len(self.devices)} devices for {len(cuts)} nodes")
         self.tracker = control_plane or TrackerProcess(
-            workdir, [certify(gguf, model, backend, matmul_activations, compute_backend_of(device))],
+            workdir, [uncertified_entry(gguf, model, backend, matmul_activations, self.devices)],
             lease_seconds=lease_seconds, host=host,
             insecure=insecure,
             ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate)
         self.insecure, self.node_metrics = insecure, node_metrics
-        self.node_args = [*(["--matmul-activations", matmul_activations] if matmul_activations else []),
-                          *(["--device", device] if device != "cpu" else []), *node_args]
+        self.node_args = [*(["--matmul-activations", matmul_activations] if matmul_activations else []), *node_args]
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads
         self.node_hosts, self.node_prefixes, self.max_kv_tokens = list(node_hosts), list(node_prefixes), max_kv_tokens
         self.node_advertise, self.node_ggufs = list(node_advertise), list(node_ggufs)
@@ -300,19 +303,22 @@ class LocalSwarm:
             self.add_node(f"node-{i}", cut, wait=False, host=self.node_hosts[i] if self.node_hosts else "127.0.0.1",
                           prefix=self.node_prefixes[i] if self.node_prefixes else (),
                           advertise=self.node_advertise[i] if self.node_advertise else "",
-                          gguf=self.node_ggufs[i] if self.node_ggufs else None)
+                          gguf=self.node_ggufs[i] if self.node_ggufs else None, device=self.devices[i])
         for node in self.nodes.values():
             node.wait_ready()
         return self
 
     def add_node(self, name: str, layers: tuple[int, int], wait: bool = True, host: str = "127.0.0.1",
                  prefix: Sequence[str] = (), advertise: str = "", gguf: Optional[Path] = None,
-                 extra_args: Sequence[str] = ()) -> NodeProcess:
+                 extra_args: Sequence[str] = (), device: Optional[str] = None) -> NodeProcess:
+        """`device`: where its worker computes (default: the first cut's device)."""
+        device = device or self.devices[0]
         node = NodeProcess(self.workdir, self.tracker, gguf or self.gguf, self.model, layers, name, backend=self.backend,
                            max_sessions=self.max_sessions, threads=self.threads, worker_binary=self.worker_binary,
                            host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens,
                            metrics=self.node_metrics, advertise=advertise,
-                           extra_args=[*self.node_args, *extra_args]).launch()
+                           extra_args=[*self.node_args, *(["--device", device] if device != "cpu" else []),
+                                       *extra_args]).launch()
         self.nodes[node.node_id] = node
         self.ids[name] = node.node_id
         return node.wait_ready() if wait else node

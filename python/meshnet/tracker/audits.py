@@ -9,6 +9,9 @@ and the model's certified artifact and recipe (what the verifier must replay und
 it in flight; one not reported within `report_seconds` goes back to the queue. `report`
 records the verdict in the ledger; a failed one quarantines the culprit in the registry (never
 routed again) and withholds its credit for the audited session (ledger), in one transaction.
+Verifiers replay on the CPU, whose tolerance is the one calibrated (ADR 0015): a route is audited
+only when every hop ran the model's CPU recipe; one with a hop on another compute backend is
+counted in `unaudited_backend` and not queued, never judged against CPU arithmetic.
 Thread-safe (one lock).
 """
 
@@ -62,11 +65,17 @@ class Audits:
         self._in_flight: dict[int, _Job] = {}
         self.considered = 0  # closed route sessions seen
         self.sampled = 0  # of those, queued for audit
+        self.unaudited_backend = 0  # drawn, but with a hop on a backend no verifier replays (ADR 0015)
 
     def consider(self, route: RouteSession, model: str, hops: tuple[tt.Hop, ...]) -> None:
         with self._lock:
             self.considered += 1
             if self._random.random() >= self.rate:
+                return
+            certified = self._registry.certified(model)
+            cpu = certified.recipe_on("cpu")[0] if certified else ""
+            if any(h.node.fingerprints is None or h.node.fingerprints.runtime_recipe != cpu for h in hops):
+                self.unaudited_backend += 1
                 return
             self.sampled += 1
             bare = tuple(dataclasses.replace(h, ticket=None) for h in hops)
@@ -100,10 +109,10 @@ class Audits:
         issued = tuple(tickets.issue_audit(self._key, route.session_id, route.epoch, h.node.node_id,
                                            self._ticket_seconds) for h in job.hops)
         certified = self._registry.certified(job.model)
-        fingerprints = certified and Fingerprints(certified.artifact_fingerprint, certified.recipe_fingerprint)
+        recipe, matmul_activations = certified.recipe_on("cpu") if certified else ("", "")
+        fingerprints = certified and Fingerprints(certified.artifact_fingerprint, recipe)
         return tt.TakeAuditReply(Status(StatusCode.OK), tt.AuditJob(
-            job.audit_id, route, job.model, job.hops, issued, fingerprints,
-            certified.matmul_activations if certified else ""))
+            job.audit_id, route, job.model, job.hops, issued, fingerprints, matmul_activations))
 
     def _artifact(self, model: str) -> str:
         certified = self._registry.certified(model)
@@ -131,3 +140,4 @@ class Audits:
         log("audit", audit_id=job.audit_id, session=job.route.session_id, epoch=job.route.epoch,
             passed=request.passed, culprit=culprit, checked=request.checked_positions)
         return tt.ReportAuditReply(Status(StatusCode.OK))
+

@@ -3,6 +3,7 @@ Refusals have exact statuses and leave an honest audit beside them untouched."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -102,4 +103,26 @@ def test_a_verifier_takes_only_audits_of_its_artifact(tmp_path):
     none_left = audits.take(OTHER.artifact_fingerprint)
     assert none_left.status.code == StatusCode.NOT_FOUND and OTHER.artifact_fingerprint in none_left.status.message
     assert audits.take().job.session.session_id == "s-smol"  # "" takes any, and the refusal took nothing
+    ledger.close()
+
+
+def test_a_route_with_a_hop_off_the_cpu_is_not_audited_against_cpu_arithmetic(tmp_path):
+    """ADR 0015: verifiers replay on the CPU, the one backend whose tolerance is calibrated. A
+    route with a Vulkan hop is drawn but not queued (counted); a CPU route beside it is audited,
+    and its job names the CPU recipe even where the entry lists Vulkan first."""
+    vulkan = "sha256:" + "v" * 64
+    model = CertifiedModel("smol", "llama", 30, ART, vulkan, matmul_activations="quantized", compute_backend="vulkan",
+                           other_backends=[{"compute_backend": "cpu", "recipe_fingerprint": REC,
+                                            "matmul_activations": "f32"}])
+    ledger = Ledger(tmp_path / "ledger.db")
+    audits = Audits(Registry([model]), ledger, Identity.generate(), rate=1.0, seed=3)
+    on_vulkan = hop("gpu", 10, 20)
+    on_vulkan = tt.Hop(dataclasses.replace(on_vulkan.node, fingerprints=Fingerprints(ART, vulkan)), on_vulkan.layers)
+    audits.consider(RouteSession("s-mixed", 1), "smol", (hop("a", 0, 10), on_vulkan, hop("c", 20, 30)))
+    assert (audits.sampled, audits.unaudited_backend) == (0, 1)
+    assert audits.take().status.code == StatusCode.NOT_FOUND
+    audits.consider(RouteSession("s-cpu", 1), "smol", (hop("a", 0, 15), hop("b", 15, 30)))
+    job = audits.take().job
+    assert job.session == RouteSession("s-cpu", 1) and job.fingerprints == Fingerprints(ART, REC)
+    assert job.matmul_activations == "f32"
     ledger.close()

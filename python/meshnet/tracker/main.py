@@ -43,13 +43,15 @@ from meshnet.tracker.state_store import StoreError
 
 def load_models(path: Path, allow_uncertified: bool = False) -> list[CertifiedModel]:
     """The entries of `path`; each must carry a passed certification (//python:certify writes it
-    only when its parity suite passes) unless `allow_uncertified` (the local test harness)."""
+    only when its parity suite passes) for every backend and mix it lists (ADR 0015), unless
+    `allow_uncertified` (the local test harness)."""
     try:
         entries = json.loads(path.read_text())
         models = [CertifiedModel(**entry) for entry in entries]
     except (OSError, ValueError, TypeError) as err:
         raise SystemExit(f"tracker: cannot read certified models from {path}: {err}") from err
-    uncertified = [m.model for m in models if m.certification.get("passed") is not True]
+    uncertified = [m.model for m in models
+                   if any(c.get("passed") is not True for c in m.certifications().values())]
     if uncertified and not allow_uncertified:
         raise SystemExit(f"tracker: {path}: no passed certification for {uncertified}; make entries with "
                          "`tools/bazel run //python:certify -- --gguf M.gguf --model NAME --append models.json`")

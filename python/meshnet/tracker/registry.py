@@ -79,6 +79,41 @@ class CertifiedModel:
     # the compute backend the recipe names (ADR 0014), in clear for the same reason: "cpu" in an
     # entry from before it
     compute_backend: str = "cpu"
+    # the same artifact certified on other compute backends, each by its own suite run (ADR 0015):
+    # [{"compute_backend", "recipe_fingerprint", "matmul_activations", "certification"}]
+    other_backends: list = dataclasses.field(default_factory=list)
+    # a certified cross-backend agreement (ADR 0015): {"backends": [...], "certification": {...}};
+    # without one a route never mixes compute backends (the tracker loads only passed ones)
+    mixed_backends: dict = dataclasses.field(default_factory=dict)
+
+    def recipes(self) -> dict[str, str]:
+        """Every certified recipe fingerprint -> the compute backend it names."""
+        out = {self.recipe_fingerprint: self.compute_backend}
+        out.update({b["recipe_fingerprint"]: b["compute_backend"] for b in self.other_backends})
+        return out
+
+    def recipe_on(self, backend: str) -> tuple[str, str]:
+        """(recipe fingerprint, matmul activations) certified on `backend`, or ("", "")."""
+        if self.compute_backend == backend:
+            return self.recipe_fingerprint, self.matmul_activations
+        part = next((b for b in self.other_backends if b["compute_backend"] == backend), None)
+        return (part["recipe_fingerprint"], part["matmul_activations"]) if part else ("", "")
+
+    def route_combinations(self) -> list[frozenset[str]]:
+        """The sets of compute backends one route may combine: each certified backend alone, and
+        the certified mix, if any."""
+        out = [frozenset([backend]) for backend in dict.fromkeys(self.recipes().values())]
+        if self.mixed_backends.get("backends"):
+            out.append(frozenset(self.mixed_backends["backends"]))
+        return out
+
+    def certifications(self) -> dict[str, dict]:
+        """Each certification this entry rests on, by what it certifies ("cpu", "vulkan", "mixed")."""
+        out = {self.compute_backend: self.certification}
+        out.update({b["compute_backend"]: b.get("certification", {}) for b in self.other_backends})
+        if self.mixed_backends:
+            out["mixed"] = self.mixed_backends.get("certification", {})
+        return out
 
 
 def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
@@ -174,13 +209,14 @@ class Registry:
         if fp is None or fp.model_artifact != model.artifact_fingerprint:
             got = fp.model_artifact if fp else "none"
             return tt.Admission.REFUSED, f"artifact fingerprint {got} != certified {model.artifact_fingerprint}"
-        if fp.runtime_recipe != model.recipe_fingerprint:
+        if fp.runtime_recipe not in model.recipes():
             hint = (f" (certified with {model.matmul_activations} matmul activations: the node's --matmul-activations "
                     f"{model.matmul_activations})" if model.matmul_activations else "")
-            if model.compute_backend != "cpu":
-                hint += f" (certified on {model.compute_backend}: the node's --device {model.compute_backend}N)"
-            return tt.Admission.REFUSED, (f"recipe fingerprint {fp.runtime_recipe} != certified "
-                                          f"{model.recipe_fingerprint}{hint}")
+            backends = sorted(set(model.recipes().values()))
+            if backends != ["cpu"]:
+                hint += f" (certified on {', '.join(backends)}: the node's --device cpu or BACKENDN)"
+            certified = ", ".join(f"{fingerprint} ({backend})" for fingerprint, backend in model.recipes().items())
+            return tt.Admission.REFUSED, f"recipe fingerprint {fp.runtime_recipe} != certified {certified}{hint}"
         if model.tensor_digests:
             start, end = info.layers.start, info.layers.end
             try:
@@ -431,6 +467,7 @@ class Registry:
         banned, quarantined = self._store.banned(), self._store.quarantined()
         nodes, candidates, full, too_short = {}, [], [], []
         idle, cached = {}, self._idle_candidates
+        backends, combinations = model.recipes(), model.route_combinations()
         for node in self._live_nodes(session.model):
             info = node.info
             node_id = info.node_id
@@ -439,11 +476,11 @@ class Registry:
                 continue
             sessions, tokens = in_use.get(node_id, (0, 0))
             if sessions:
-                candidate = _candidate(node, sessions)
+                candidate = _candidate(node, sessions, backends)
             else:
                 made = cached.get(node_id)
                 if made is None or made[0] is not info or made[1] is not node.load:
-                    made = (info, node.load, _candidate(node, 0))
+                    made = (info, node.load, _candidate(node, 0, backends))
                 idle[node_id] = made
                 candidate = made[2]
             cap = info.capacity or _NO_CAPACITY_LIMITS
@@ -460,15 +497,15 @@ class Registry:
         route = RouteSession(session_id, session.epoch)
         unrouted = dataclasses.replace(session, hops=())
         try:
-            hops = routing.find_route(candidates, model.n_layer)
+            hops = routing.find_route(candidates, model.n_layer, combinations)
         except routing.NoRouteError as err:
             gaps = tuple(tt.LayerRange(s, e) for s, e in err.uncovered)
-            longest = _longest_route(candidates + full, too_short, model.n_layer)
+            longest = _longest_route(candidates + full, too_short, model.n_layer, combinations)
             if longest is not None and longest < session.expected_tokens:
                 status = _error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {session.expected_tokens} (prompt + new "
                                 f"tokens) exceeds what any route can hold for one session: at most {longest} tokens")
                 return tt.RouteReply(status, route, (), gaps), unrouted
-            if full and _routable(candidates + full, model.n_layer):
+            if full and _routable(candidates + full, model.n_layer, combinations):
                 status = _error(StatusCode.RESOURCE_EXHAUSTED, f"the nodes serving layers "
                                 f"{routing.describe_layers(err.uncovered)} are all at capacity", True)
                 return tt.RouteReply(status, route, (), gaps), unrouted
@@ -487,25 +524,27 @@ def _stale(reported: RouteSession, session: SessionRecord) -> tt.RouteReply:
                          RouteSession(reported.session_id, session.epoch), session.hops)
 
 
-def _routable(candidates: list[routing.Candidate], n_layer: int) -> bool:
+def _routable(candidates: list[routing.Candidate], n_layer: int, combinations: list[frozenset[str]]) -> bool:
     try:
-        routing.find_route(candidates, n_layer)
+        routing.find_route(candidates, n_layer, combinations)
         return True
     except routing.NoRouteError:
         return False
 
 
 def _longest_route(usable: list[routing.Candidate], limited: list[tuple[routing.Candidate, int]],
-                   n_layer: int) -> Optional[int]:
+                   n_layer: int, combinations: list[frozenset[str]]) -> Optional[int]:
     """The longest session any route over `usable` plus the per-session `limited` nodes could
     hold (a route holds the smallest limit on it), or None when even all of them leave a gap."""
     for limit in sorted({limit for _, limit in limited}, reverse=True):
-        if _routable(usable + [c for c, own in limited if own >= limit], n_layer):
+        if _routable(usable + [c for c, own in limited if own >= limit], n_layer, combinations):
             return limit
     return None
 
 
-def _candidate(node: NodeRecord, sessions: int) -> routing.Candidate:
+def _candidate(node: NodeRecord, sessions: int, backends: dict[str, str]) -> routing.Candidate:
+    """`backends`: the model's recipe fingerprints -> their compute backends (the node's was
+    admitted against one of them)."""
     info, load = node.info, node.load
     served = info.layers.end - info.layers.start
     per_layer = routing.DEFAULT_SECONDS_PER_LAYER
@@ -516,7 +555,8 @@ def _candidate(node: NodeRecord, sessions: int) -> routing.Candidate:
     # A relayed node (ADR 0007) costs its measured round trip to its relay on top of a direct hop.
     rtt = routing.HOP_OVERHEAD_SECONDS + (info.relay_rtt_ms / 1000.0 if info.relay else 0.0)
     return routing.Candidate(info.node_id, info.layers.start, info.layers.end, per_layer, rtt, pressure,
-                             runs_suffix=info.backend == tt.BackendKind.REFERENCE)
+                             runs_suffix=info.backend == tt.BackendKind.REFERENCE,
+                             backend=backends.get(info.fingerprints.runtime_recipe if info.fingerprints else "", "cpu"))
 
 
 def _not_self(node_id: NodeId, caller: bytes) -> Optional[Status]:

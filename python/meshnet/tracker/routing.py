@@ -4,16 +4,19 @@ Pure functions over `Candidate`s; the registry builds the candidates (routable, 
 draining, not banned, with capacity) and calls `find_route`. A node serving [s, e) whose backend
 can run a suffix (`runs_suffix`: the reference shard) may be entered at any b with s <= b < e (its
 effective start b), so overlapping ranges chain; a GGUF node (the worker runs its whole range) is
-entered only at s, so overlapping GGUF ranges chain only at exact boundaries. Invariants:
-a returned route covers [0, n_layer) exactly once, in order; equal inputs give the same route
-(ties break on hop count, then the node ids along the path).
+entered only at s, so overlapping GGUF ranges chain only at exact boundaries. Each candidate
+names the compute backend it was admitted under (`backend`, ADR 0014); `find_route` may be told
+which sets of backends one route may combine (`combinations`: every backend alone, and a mix only
+where the model's entry certifies its cross-backend agreement). Invariants: a returned route
+covers [0, n_layer) exactly once, in order, and its backends lie within one allowed combination;
+equal inputs give the same route (ties break on hop count, then the node ids along the path).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Sequence
+from typing import Optional, Sequence
 
 from meshnet.wire.ids import NodeId
 
@@ -30,6 +33,7 @@ class Candidate:
     rtt_seconds: float = HOP_OVERHEAD_SECONDS  # measured or hinted round trip to the node
     load: float = 0.0  # 0 = idle; active sessions / max sessions, queue pressure
     runs_suffix: bool = False  # the backend can start at any layer of its range (effective start)
+    backend: str = "cpu"  # the compute backend of the recipe the node was admitted under (ADR 0014)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +46,12 @@ class RouteHop:
 class NoRouteError(Exception):
     """No chain covers [0, n_layer); `uncovered` lists the missing [start, end) ranges."""
 
-    def __init__(self, uncovered: list[tuple[int, int]], reached: int = 0) -> None:
+    def __init__(self, uncovered: list[tuple[int, int]], reached: int = 0, unmixed: bool = False) -> None:
         self.uncovered = uncovered
-        if uncovered:
+        if unmixed:
+            message = ("no route: every layer is served, but not by nodes of one compute backend (or of a mix the "
+                       "model's entry certifies): a route does not mix backends without a certified agreement")
+        elif uncovered:
             message = f"no route: layers {describe_layers(uncovered)} are not covered by any available node"
         else:
             message = (f"no route: every layer is served, but no chain of nodes gets past layer {reached} "
@@ -81,16 +88,43 @@ def gaps(covered: Sequence[bool]) -> list[tuple[int, int]]:
     return found
 
 
-def find_route(candidates: Sequence[Candidate], n_layer: int) -> list[RouteHop]:
+def find_route(candidates: Sequence[Candidate], n_layer: int,
+               combinations: Optional[Sequence[frozenset[str]]] = None) -> list[RouteHop]:
     """The cheapest chain from boundary 0 to boundary n_layer; raises NoRouteError.
+
+    `combinations`: the sets of backends one route may combine (None: any). Each is searched on
+    its own and the cheapest route wins (ties: fewer hops, then the node ids along the path)."""
+    if n_layer <= 0:
+        raise ValueError(f"n_layer must be positive, got {n_layer}")
+    if combinations is None:
+        found, reached = _cheapest(candidates, n_layer)
+        if found is None:
+            raise NoRouteError(uncovered_ranges(_usable(candidates, n_layer), n_layer), reached)
+        return found[-1]
+    routes = [found for allowed in combinations
+              if (found := _cheapest([c for c in candidates if c.backend in allowed], n_layer)[0]) is not None]
+    if routes:
+        return min(routes, key=lambda found: found[:3])[-1]
+    found, reached = _cheapest(candidates, n_layer)
+    if found is not None:
+        raise NoRouteError([], unmixed=True)
+    raise NoRouteError(uncovered_ranges(_usable(candidates, n_layer), n_layer), reached)
+
+
+def _usable(candidates: Sequence[Candidate], n_layer: int) -> list[Candidate]:
+    return [c for c in candidates if 0 <= c.start < c.end <= n_layer]
+
+
+def _cheapest(candidates: Sequence[Candidate], n_layer: int
+              ) -> tuple[Optional[tuple[float, int, tuple[NodeId, ...], list[RouteHop]]], int]:
+    """((cost, hop count, node ids, hops) of the cheapest chain over `candidates`, or None; the
+    farthest boundary a chain reaches).
 
     Of the candidates that could make the same hop (entered at one boundary, leaving at one),
     only the cheapest (then the smallest node id) can be on the answer: they are reduced to it
     first, so the search costs O(candidates + hops log hops) rather than a heap entry per
     candidate and a list entry per candidate and layer."""
-    if n_layer <= 0:
-        raise ValueError(f"n_layer must be positive, got {n_layer}")
-    usable = [c for c in candidates if 0 <= c.start < c.end <= n_layer]
+    usable = _usable(candidates, n_layer)
     best: dict[tuple[int, int], tuple[float, NodeId]] = {}  # (entry, exit) -> (cost, node id)
     for c in usable:
         for entry in (range(c.start, c.end) if c.runs_suffix else (c.start,)):
@@ -107,7 +141,7 @@ def find_route(candidates: Sequence[Candidate], n_layer: int) -> list[RouteHop]:
     while queue:
         cost, hops, ids, boundary, path = heapq.heappop(queue)
         if boundary == n_layer:
-            return list(path)
+            return (cost, hops, ids, list(path)), n_layer
         if boundary in settled:
             continue
         settled.add(boundary)
@@ -115,4 +149,4 @@ def find_route(candidates: Sequence[Candidate], n_layer: int) -> list[RouteHop]:
             if end not in settled:
                 hop = RouteHop(node_id, boundary, end)
                 heapq.heappush(queue, (cost + step, hops + 1, ids + (node_id,), end, path + (hop,)))
-    raise NoRouteError(uncovered_ranges(usable, n_layer), max(settled, default=0))
+    return None, max(settled, default=0)

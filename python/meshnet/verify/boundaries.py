@@ -38,15 +38,20 @@ def run_chain(binary: Path, gguf: Path, tokens: Sequence[int], chain: str, batch
 
 def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges: Sequence[tuple[int, int]],
                  batch: str, threads: int, matmul_activations: str = "quantized",
-                 runner: Optional[CappedRunner] = None) -> dict:
+                 runner: Optional[CappedRunner] = None, devices: Optional[Sequence[str]] = None) -> dict:
     """`run_chain`'s result for the chain `ranges` (contiguous, the last owning the output), computed
     one process per piece (`ModelFiles.pieces`: a range split where the model's files split), each
     taking the previous piece's rows (--input-rows) and opening only its own range's file: no
     process holds more than one piece of the model. Same bytes as `run_chain` (each piece's
     process runs the same chunks as that range does in the whole chain). `runner`: where each
-    process runs (certification caps and measures them); plain subprocesses when None."""
+    process runs (certification caps and measures them); plain subprocesses when None.
+    `devices`: where each range computes (the tool's --device; default the CPU): a GPU device
+    needs a `binary` linked with its backend (//cpp/engine:dump_boundaries_vulkan, ADR 0014)."""
     if any(a[1] != b[0] for a, b in zip(ranges, ranges[1:])) or ranges[-1][1] != model.n_layer:
         raise BoundariesError(f"ranges {list(ranges)} are not a contiguous chain ending at layer {model.n_layer}")
+    devices = list(devices) if devices is not None else ["cpu"] * len(ranges)
+    if len(devices) != len(ranges):
+        raise BoundariesError(f"{len(devices)} devices for {len(ranges)} ranges")
     n = len(tokens)
     rows: list[np.ndarray] = []
     with tempfile.TemporaryDirectory(prefix="meshnet-streamed-") as tmp:
@@ -58,8 +63,9 @@ def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges:
                 raise BoundariesError(str(err)) from None
             for j, piece in enumerate(pieces):
                 prefix = Path(tmp) / f"range{i}.piece{j}"
-                _run(binary, matmul_activations, given, piece.path, prefix, f"{piece.start}:{piece.end}", batch,
-                     threads, tokens, runner)
+                on_device = ["--device", devices[i]] if devices[i] != "cpu" else []
+                _run(binary, matmul_activations, [*on_device, *given], piece.path, prefix, f"{piece.start}:{piece.end}",
+                     batch, threads, tokens, runner)
                 given = ["--input-rows", f"{prefix}.0.f32"]
             if end < model.n_layer:
                 rows.append(np.fromfile(given[1], dtype=np.float32).reshape(n, -1))
@@ -72,7 +78,8 @@ def _run(binary: Path, matmul_activations: str, flags: list[str], gguf: Path, pr
     command = [str(binary), *engine_tool_flags(matmul_activations), *flags, str(gguf), str(prefix), chain, batch,
                str(threads), *map(str, tokens)]
     if runner is not None:
-        proc = runner.run(f"llama.cpp layers {chain} ({len(tokens)} positions)", command, reads=[gguf])
+        where = f" on {flags[flags.index('--device') + 1]}" if "--device" in flags else ""
+        proc = runner.run(f"llama.cpp layers {chain}{where} ({len(tokens)} positions)", command, reads=[gguf])
     else:
         proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
