@@ -107,6 +107,29 @@ def test_chat_equals_the_direct_client(swarm, tokenizer, client):
     assert chunks[-1].usage.completion_tokens == completion_tokens
 
 
+def test_a_gguf_other_than_the_certified_artifact_is_refused_at_start(swarm, client, tmp_path):
+    """Issue 35, finding 11: a gateway handed a GGUF that is not the tracker's certified artifact
+    (here the bundled file with one byte of its last tensor changed: the same vocabulary and
+    template, another sha256) exits 2 before it listens, naming both fingerprints; the gateway
+    beside it still serves."""
+    forged = tmp_path / "forged.gguf"
+    shutil.copyfile(GGUF, forged)
+    with open(forged, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    other = GatewayProcess(swarm, gguf=forged, name="forged-gateway")
+    with pytest.raises(RuntimeError, match="did not come up"):
+        other.start(timeout=60)
+    assert other.proc.returncode == 2
+    log = other.log.read_text()
+    assert "but the tracker certified sha256:" in log and "serve the certified file" in log
+    reply = client.chat.completions.create(model=swarm.model, messages=messages(QUESTIONS[1]), temperature=0,
+                                           max_tokens=4)
+    assert reply.choices[0].message.content
+
+
 def test_eight_concurrent_streams_equal_solo(swarm, tokenizer, client):
     solo = {q: direct(swarm, tokenizer, q)[0] for q in QUESTIONS}
 

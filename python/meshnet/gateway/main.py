@@ -5,7 +5,8 @@ OpenAI-compatible gateway (api.py) in front of a swarm.
 The gateway is a tracker client with the "gateway" role (its token from --token-file or
 $MESHNET_GATEWAY_TOKEN) and its own Ed25519 identity (--identity, created 0600 if absent, else a
 fresh one per run). Each --model names a certified model and the GGUF its tokenizer and chat
-template come from (only its metadata is read). --keys-file lists the API keys (keys.py);
+template come from (only its metadata is read): that file must be the artifact the tracker
+certified (its sha256, certified.py), else the gateway refuses to start (exit 2). --keys-file lists the API keys (keys.py);
 without one the gateway refuses to start unless --no-auth says it is a private, loopback
 deployment. Served by uvicorn; SIGTERM/SIGINT stop it; logs are JSON lines on stderr.
 """
@@ -22,6 +23,7 @@ from typing import Optional
 import uvicorn
 
 from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel, create_app
+from meshnet.gateway.certified import uncertified_models
 from meshnet.gateway.generation import SwarmBackend
 from meshnet.gateway.keys import KeyRing
 from meshnet.gateway.tokenizer import GgufTokenizer
@@ -113,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     identity = Identity.load_or_create(args.identity) if args.identity else Identity.generate()
     tracker = TrackerClient(args.tracker, token, identity,
                             tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
+    problems = uncertified_models(tracker, args.model)
+    if problems:  # before anything is served: templates and vocabularies only from certified files
+        tracker.close()
+        parser.error("; ".join(problems))
     gateway = Gateway(models, SwarmBackend(tracker, insecure=args.insecure), keys,
                       GatewayConfig(default_max_tokens=args.default_max_tokens, max_body_bytes=args.max_body_bytes))
     log("gateway", tracker=args.tracker, models=[m.name for m in models], auth=keys is not None)

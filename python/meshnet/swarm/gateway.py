@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from meshnet.gateway.keys import new_key
@@ -22,11 +23,14 @@ from meshnet.swarm.local import LocalSwarm, wait_for_port
 
 class GatewayProcess:
     def __init__(self, swarm: LocalSwarm, *, keys: Optional[Sequence[dict]] = None, host: str = "127.0.0.1",
-                 port: int = 0, extra_args: Sequence[str] = ()) -> None:
+                 port: int = 0, extra_args: Sequence[str] = (), gguf: Optional[Path] = None,
+                 name: str = "gateway") -> None:
         """`keys`: entries as in meshnet/gateway/keys.py; by default one key, "local", allowed
-        64 concurrent generations (`self.key`)."""
+        64 concurrent generations (`self.key`). `gguf`: the file it serves the model from (default
+        the swarm's, the certified one); `name`: its folder under the swarm's."""
         self.swarm, self.host, self.port = swarm, host, port
-        self.workdir = swarm.workdir / "gateway"
+        self.gguf = gguf or swarm.gguf
+        self.workdir = swarm.workdir / name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key = new_key()
         entries = list(keys) if keys is not None else [{"name": "local", "key": self.key, "max_concurrent": 64}]
@@ -45,7 +49,7 @@ class GatewayProcess:
         tracker = self.swarm.tracker
         cmd = [sys.executable, "-m", "meshnet.gateway.main", "--tracker", tracker.address,
                "--token-file", str(tracker.token_files["gateway"]),
-               "--model", f"{self.swarm.model}={self.swarm.gguf}", "--keys-file", str(self.keys_file),
+               "--model", f"{self.swarm.model}={self.gguf}", "--keys-file", str(self.keys_file),
                "--listen", f"{self.host}:{self.port}", "--port-file", str(port_file), *self.extra_args]
         if tracker.ca is None:
             cmd.append("--insecure")

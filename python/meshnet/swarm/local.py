@@ -279,11 +279,11 @@ class LocalSwarm:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
         self.worker_binary = worker_binary
         self.workdir, self.gguf, self.model, self.backend = workdir, gguf, model, backend
-        self.devices = [device] * len(cuts) if isinstance(device, str) else list(device)
-        if len(self.devices) != len(cuts):
-            raise ValueError(f"{len(self.devices)} devices for {len(cuts)} nodes")
+        self.node_devices = [device] * len(cuts) if isinstance(device, str) else list(device)
+        if len(self.node_devices) != len(cuts):
+            raise ValueError(f"{len(self.node_devices)} devices for {len(cuts)} nodes")
         self.tracker = control_plane or TrackerProcess(
-            workdir, [uncertified_entry(gguf, model, backend, matmul_activations, self.devices)],
+            workdir, [uncertified_entry(gguf, model, backend, matmul_activations, self.node_devices)],
             lease_seconds=lease_seconds, host=host,
             insecure=insecure,
             ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate)
@@ -303,7 +303,7 @@ class LocalSwarm:
             self.add_node(f"node-{i}", cut, wait=False, host=self.node_hosts[i] if self.node_hosts else "127.0.0.1",
                           prefix=self.node_prefixes[i] if self.node_prefixes else (),
                           advertise=self.node_advertise[i] if self.node_advertise else "",
-                          gguf=self.node_ggufs[i] if self.node_ggufs else None, device=self.devices[i])
+                          gguf=self.node_ggufs[i] if self.node_ggufs else None, device=self.node_devices[i])
         for node in self.nodes.values():
             node.wait_ready()
         return self
@@ -312,7 +312,7 @@ class LocalSwarm:
                  prefix: Sequence[str] = (), advertise: str = "", gguf: Optional[Path] = None,
                  extra_args: Sequence[str] = (), device: Optional[str] = None) -> NodeProcess:
         """`device`: where its worker computes (default: the first cut's device)."""
-        device = device or self.devices[0]
+        device = device or self.node_devices[0]
         node = NodeProcess(self.workdir, self.tracker, gguf or self.gguf, self.model, layers, name, backend=self.backend,
                            max_sessions=self.max_sessions, threads=self.threads, worker_binary=self.worker_binary,
                            host=host, prefix=prefix, max_kv_tokens=self.max_kv_tokens,

@@ -285,7 +285,8 @@ class Registry:
         dark = tuple(n.info.node_id for n in nodes if n.admission == tt.Admission.DARK)[:limit]
         quarantined = tuple(n.info.node_id for n in nodes if n.info.node_id in quarantined_ids)[:limit]
         infos = tuple(n.info for n in nodes[:limit])
-        return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark, quarantined, len(nodes), len(routable))
+        return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark, quarantined, len(nodes), len(routable),
+                                certified.artifact_fingerprint if certified else "")
 
     def snapshot(self, max_nodes: int = snap.MAX_NODES, max_routes: int = snap.MAX_ROUTES) -> snap.RegistrySnapshot:
         """A bounded read-only copy of the live nodes, routes and coverage (see snapshot.py).

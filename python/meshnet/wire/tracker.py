@@ -164,6 +164,7 @@ class CoverageReply:
     quarantined_node_ids: tuple[NodeId, ...] = ()  # failed an audit: never routed (ADR 0008)
     node_count: int = 0  # registered nodes of the model, dark ones included, listed or not
     routable_count: int = 0  # of which routable
+    artifact_fingerprint: str = ""  # the certified entry's: what a gateway checks its GGUF against
 
 
 @dataclasses.dataclass(frozen=True)
