@@ -306,7 +306,13 @@ bool Context::Decode(const Batch& batch, std::string* error) {
   TakeLlamaError();
   const int ret = llama_decode(ctx_, b);
   llama_batch_free(b);
-  if (ret == 0) return true;
+  if (ret == 0) {
+    // A GPU backend returns from llama_decode with its work queued; waiting here (the rows are
+    // read right after anyway) makes a Decode's wall time the device's compute too, which the
+    // worker reports as compute_us and the bench subtracts from a hop's time (ADR 0015).
+    llama_synchronize(ctx_);
+    return true;
+  }
 
   // 2 and < -1: earlier ubatches of this batch stay in the KV; take them out again.
   if (ret == 2 || ret < -1) {
