@@ -135,7 +135,7 @@ def uncertified_entry(gguf: str | Path, model: str, backend: str, matmul_activat
     """The entry a local swarm's tracker serves without the suite (--allow-uncertified): the
     recipe of every compute backend of `devices` (one per node) and, when they are more than one,
     their mix (ADR 0015). Nothing in it claims a certification."""
-    backends = list(dict.fromkeys(compute_backend_of(device) for device in devices))
+    backends = list(dict.fromkeys(compute_backend_of(device) for device in devices)) or ["cpu"]  # no node yet
     entry = certify(gguf, model, backend, matmul_activations, backends[0])
     summary = gguf_summary(gguf)
     for other in backends[1:]:

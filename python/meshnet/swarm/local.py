@@ -283,7 +283,8 @@ class LocalSwarm:
         if len(self.node_devices) != len(cuts):
             raise ValueError(f"{len(self.node_devices)} devices for {len(cuts)} nodes")
         self.tracker = control_plane or TrackerProcess(
-            workdir, [uncertified_entry(gguf, model, backend, matmul_activations, self.node_devices)],
+            workdir, [uncertified_entry(gguf, model, backend, matmul_activations,
+                                       self.node_devices or ([device] if isinstance(device, str) else []))],
             lease_seconds=lease_seconds, host=host,
             insecure=insecure,
             ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate)
