@@ -40,6 +40,7 @@ PROMPT = "Describe the water cycle in three sentences."
 TOKENS = 24
 CLIENT_ID = "key:status-test"
 CUTS = [(0, 10), (10, 20), (20, 30)]
+ROUTE_LEASE_S = 4.0  # short, so that a generation of a few seconds renews its route
 
 
 def chromium_binary() -> str:
@@ -92,7 +93,8 @@ def chromium():
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
     with LocalSwarm(tmp_path_factory.mktemp("status"), GGUF, CUTS, backend="gguf", worker_binary=WORKER,
-                    max_sessions=4, max_kv_tokens=4096, threads=1, http=True, node_metrics=True) as s:
+                    max_sessions=4, max_kv_tokens=4096, threads=1, http=True, node_metrics=True,
+                    tracker_args=("--route-lease-seconds", str(ROUTE_LEASE_S))) as s:
         deadline = time.monotonic() + 30
         while at(scrape(s.tracker.http_url), "meshnet_tracker_nodes", model=s.model, state="routable") < 3:
             assert time.monotonic() < deadline, "the three nodes did not register"
@@ -229,3 +231,25 @@ def test_a_reported_failure_counts_as_a_failover_and_bans_no_serving_node(swarm,
     dom = headless(chromium, "--dump-dom", swarm.tracker.http_url + "/status")
     assert 'class="cell gap"' not in dom
     assert re.search(rf'<tr data-node="{failed.node_id}">.*?routable', dom, re.S)
+
+
+def test_a_route_in_use_is_renewed_through_its_generation(swarm):
+    """Issue 35, finding 4: the tracker renews only a route whose hops reported work within the
+    last route lease (a squatter's idle routes lapse). An honest generation longer than two
+    renewal periods (a third of the 4 s lease each) has every renewal granted: its hops report
+    their work with each heartbeat, so the tracker's ledger always shows the route in use."""
+    before = scrape(swarm.tracker.http_url)
+    prompt_ids = load_tokenizer(GGUF)(PROMPT)["input_ids"]
+    started = time.monotonic()
+    with swarm.tracker.client("gateway") as tracker:
+        tokens = list(RouteClient(tracker, swarm.model, client_id=CLIENT_ID).generate(
+            prompt_ids, GenerationParams(max_tokens=400)))
+    elapsed = time.monotonic() - started
+    after = scrape(swarm.tracker.http_url)
+    renewals = at(after, "meshnet_tracker_rpc_duration_seconds_count", method="RenewRoute") - at(
+        before, "meshnet_tracker_rpc_duration_seconds_count", method="RenewRoute")
+    refused = {code: at(after, "meshnet_tracker_refusals_total", method="RenewRoute", code=code)
+               for code in ("RESOURCE_EXHAUSTED", "NOT_FOUND", "STALE_EPOCH")}
+    assert len(tokens) == 400
+    assert elapsed > 2 * ROUTE_LEASE_S / 3, f"the generation took {elapsed:.1f} s: too short to renew"
+    assert renewals >= 1 and not any(refused.values()), (renewals, refused, elapsed)

@@ -7,8 +7,9 @@ routed again, shown as such in the coverage) with its credit for the audited ses
   refuted, nobody quarantined.
 - Each cheating worker (noise of 10% of each row's RMS, garbage, forged tokens, a skipped layer,
   Q4_0 served as the certified Q4_1), at a 5% audit rate with seed 7: quarantined within its
-  stated number of audited sessions (AUDITS_TO_QUARANTINE), blamed on it and no other hop, and
-  that session's credit withheld."""
+  stated number of audited sessions (AUDITS_TO_QUARANTINE), blamed on it and no other hop by both
+  verifier keys (the tracker's quorum, ADR 0016, each refutation with the culprit's signed
+  commitments), and that session's credit withheld."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 
 from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.identity.keys import Identity
 from meshnet.swarm.local import LocalSwarm
 from meshnet.tracker.ledger import Ledger
 from meshnet.verify import verifier
@@ -32,6 +34,7 @@ TOKENS = 12
 # for which 3 leave a chance of 1e-4 to miss).
 AUDITS_TO_QUARANTINE = {"noise:0.1": 3, "garbage": 1, "forge_tokens": 1, "skip_layer": 1, "q4_0": 1}
 MAX_SESSIONS_PER_CHEAT = 300  # at 5%, 3 audits are expected within 60
+VERIFIERS = (Identity.generate(), Identity.generate())
 
 
 def swarm_with(tmp: Path, gguf: Path, rate: float, seed: int, replicas: bool) -> LocalSwarm:
@@ -57,14 +60,22 @@ def one_session(swarm, tokenizer, prompt: str) -> list[str]:
     return hops
 
 
-def audit_pending(swarm, replayers, tolerance) -> list:
-    """Runs every audit the tracker has queued, as the verifier role; the reports."""
+def audit_pending(swarm, replayers, tolerance) -> list[tuple[str, object]]:
+    """Runs every audit the tracker has queued, as the verifier role with two keys, so that a
+    refutation by one is confirmed by the other (the quorum of ADR 0016); (session id, report)
+    per audit reported."""
     reports = []
-    with swarm.tracker.client("verifier") as tracker:
-        while (reply := tracker.take_audit()).job is not None:
-            report = verifier.run_audit(reply.job, replayers, tolerance, positions=16, seed=reply.job.audit_id)
-            assert tracker.report_audit(report).status.ok
-            reports.append(report)
+    with swarm.tracker.client("verifier", VERIFIERS[0]) as first, swarm.tracker.client("verifier", VERIFIERS[1]) as second:
+        took = True
+        while took:
+            took = False
+            for tracker in (first, second):
+                if (reply := tracker.take_audit()).job is None:
+                    continue
+                took = True
+                report = verifier.run_audit(reply.job, replayers, tolerance, positions=16, seed=reply.job.audit_id)
+                assert tracker.report_audit(report).status.ok
+                reports.append((reply.job.session.session_id, report))
     return reports
 
 
@@ -76,7 +87,7 @@ def test_an_honest_swarm_with_replicas_passes_1000_audited_positions(gguf, token
         while checked < 1000:
             one_session(swarm, tokenizer, prompts[sessions % len(prompts)])
             sessions += 1
-            for report in audit_pending(swarm, replayers, tolerance):
+            for _, report in audit_pending(swarm, replayers, tolerance):
                 assert report.passed, report.evidence
                 assert "inconclusive" not in report.evidence
                 checked += report.checked_positions
@@ -107,13 +118,15 @@ def test_each_cheat_is_quarantined_within_its_stated_audited_sessions(gguf, toke
                 sessions += 1
                 assert cheater.node_id in hops
                 reports = audit_pending(swarm, replayers, tolerance)
-                audited += len(reports)
-                failed = [r for r in reports if not r.passed]
+                audited += len({session for session, _ in reports})
+                failed = [r for _, r in reports if not r.passed]
             assert failed, f"{name}: not refuted by {audited} audited sessions ({sessions} sessions)"
             assert audited <= budget
-            [report] = failed
-            assert report.culprit_node_id == cheater.node_id, report.evidence
-            assert json.loads(report.evidence)["confirmed"] is True
+            assert len(failed) == 2  # the refutation, and the other verifier's confirmation
+            for report in failed:
+                assert report.culprit_node_id == cheater.node_id, report.evidence
+                assert json.loads(report.evidence)["confirmed"] is True
+                assert report.commitments  # the culprit's signed commitments, checked by the tracker
             with swarm.client() as tracker:
                 assert cheater.node_id in tracker.coverage(swarm.model).quarantined_node_ids
             honest.launch().wait_ready()

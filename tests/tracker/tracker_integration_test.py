@@ -188,7 +188,12 @@ def test_roles_and_signatures_scope_every_call(tracker, nodes, keys, client):
             assert stranger.close_route(route.session).status.code == StatusCode.PERMISSION_DENIED
             assert stranger.renew_route(route.session).status.code == StatusCode.PERMISSION_DENIED
         assert code_of(lambda: nodes["n1"].renew_route(route.session)) == grpc.StatusCode.PERMISSION_DENIED  # role
-        renewed = client.renew_route(route.session)  # the route's own client, beside the refusals
+        # A route no hop has worked for is not renewed (capacity squatting: issue 35, finding 4);
+        # once its hop reports work, its own client renews it, beside the refusals.
+        idle = client.renew_route(route.session)
+        assert idle.status.code == StatusCode.RESOURCE_EXHAUSTED and idle.status.retryable
+        assert nodes["n0"].report_work(tt.WorkReport(victim, (tt.WorkEntry(route.session, 60, 30),), 11)).status.ok
+        renewed = client.renew_route(route.session)
         assert renewed.status.ok and renewed.lease_ms == route.lease_ms > 0
         off_route = client.report_failure(route.session, keys["n1"].node_id)
         assert off_route.status.code == StatusCode.INVALID_ARGUMENT
@@ -196,8 +201,7 @@ def test_roles_and_signatures_scope_every_call(tracker, nodes, keys, client):
 
     # Work: only for the issued triple, once per report id, within the route's expected tokens.
     session = route.session
-    entry = tt.WorkEntry(session, 60, 30)
-    assert nodes["n0"].report_work(tt.WorkReport(victim, (entry,), 11)).status.ok
+    entry = tt.WorkEntry(session, 60, 30)  # reported above (report 11), before the renewal
     assert nodes["n0"].report_work(tt.WorkReport(victim, (entry,), 11)).status.ok  # a repeat: acknowledged
     over = nodes["n0"].report_work(tt.WorkReport(victim, (tt.WorkEntry(session, 10, 1),), 12))
     assert over.status.code == StatusCode.INVALID_ARGUMENT  # 90 + 11 > 100 expected tokens

@@ -261,19 +261,19 @@ class RouteClient:
                         self.ttft = time.perf_counter() - started
                     delivered.append(token.token_id)
                     yield token
-                self._finish(conn)
+                self._finish(conn, tt.Delivery(len(prompt_ids), len(delivered)))
                 return
             except GeneratorExit:  # the caller stopped iterating: release the route everywhere
-                self._finish(conn)
+                self._finish(conn, tt.Delivery(len(prompt_ids), len(delivered)))
                 raise
             except _HopFailure as failure:
                 conn.close()
                 if self._cancelled.is_set():
-                    self._close_route(conn.route)
+                    self._close_route(conn.route, tt.Delivery(len(prompt_ids), len(delivered)))
                     return
                 if failure.status.code in (StatusCode.RESOURCE_EXHAUSTED, StatusCode.INVALID_ARGUMENT,
                                            StatusCode.VERSION_MISMATCH, StatusCode.FINGERPRINT_MISMATCH):
-                    self._close_route(conn.route)
+                    self._close_route(conn.route, tt.Delivery(len(prompt_ids), len(delivered)))
                     raise MeshnetError(failure.status) from None
                 log("hop_failed", session=conn.route.session_id, epoch=conn.route.epoch, node=failure.node_id,
                     status=failure.status.code.name, message=failure.status.message)
@@ -353,10 +353,10 @@ class RouteClient:
             if event.tokens:
                 return event
 
-    def _finish(self, conn: _Connection) -> None:
+    def _finish(self, conn: _Connection, delivery: tt.Delivery) -> None:
         conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.RELEASE, 1 << 62))
         conn.close()  # the release is queued ahead of the stream's end
-        self._close_route(conn.route)
+        self._close_route(conn.route, delivery)
 
     def _open_route(self, request: tt.OpenRouteRequest, wait: float) -> tt.RouteReply:
         """OpenRoute, riding out a tracker that cannot be reached for up to `wait` seconds (a
@@ -388,23 +388,27 @@ class RouteClient:
         return reply
 
     def _renew(self, route: t.RouteSession) -> None:
-        """Renews the route's lease; if the tracker cannot be reached, tries again in a second
+        """Renews the route's lease; if the tracker cannot be reached, tries again in a second,
+        and if it refused (no hop has reported work yet: a long prefill), a sixth of a lease later
         (the hops keep serving meanwhile: their tickets, not the lease, admit the frames)."""
+        retry = 1.0
         try:
             reply = self._tracker.renew_route(route)
             ok = reply.status.ok
-            detail = reply.status.message
+            detail = f"{reply.status.code.name}: {reply.status.message}"
+            retry = self._lease_seconds / 6
         except grpc.RpcError as err:
             ok, detail = False, f"{err.code().name}: {err.details()}"
         if ok:
             self._renew_at = time.monotonic() + self._lease_seconds / 3
         else:
             log("route_renewal_failed", session=route.session_id, epoch=route.epoch, error=detail)
-            self._renew_at = time.monotonic() + 1.0
+            self._renew_at = time.monotonic() + retry
 
-    def _close_route(self, route: t.RouteSession) -> None:
-        """Tells the tracker the route is done; if it cannot be told, the route's lease ends it."""
+    def _close_route(self, route: t.RouteSession, delivery: tt.Delivery) -> None:
+        """Tells the tracker the route is done and what it delivered (the hops' credit is capped
+        by it); if it cannot be told, the route's lease ends it."""
         try:
-            self._tracker.close_route(route)
+            self._tracker.close_route(route, delivery)
         except grpc.RpcError as err:
             log("route_close_failed", session=route.session_id, epoch=route.epoch, error=err.code().name)

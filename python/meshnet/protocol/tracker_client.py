@@ -124,8 +124,8 @@ class TrackerClient:
             report = tt.WorkReport(report.node_id, report.entries, secrets.randbits(62) + 1)
         return self._call("ReportWork", report)
 
-    def close_route(self, session: RouteSession) -> tt.CloseRouteReply:
-        return self._call("CloseRoute", tt.CloseRouteRequest(session))
+    def close_route(self, session: RouteSession, delivery: Optional[tt.Delivery] = None) -> tt.CloseRouteReply:
+        return self._call("CloseRoute", tt.CloseRouteRequest(session, delivery))
 
     def renew_route(self, session: RouteSession) -> tt.RenewRouteReply:
         return self._call("RenewRoute", tt.RenewRouteRequest(session))

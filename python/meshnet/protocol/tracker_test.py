@@ -40,6 +40,7 @@ SAMPLES = [
     tt.WorkReport(NodeId("node-a"), (tt.WorkEntry(SESSION, 128, 64),), 77),
     tt.WorkReply(OK),
     tt.CloseRouteRequest(SESSION),
+    tt.CloseRouteRequest(SESSION, tt.Delivery(12, 64)),
     tt.CloseRouteReply(OK),
     tt.RenewRouteRequest(SESSION),
     tt.RenewRouteReply(OK, 60000),
@@ -51,6 +52,7 @@ SAMPLES = [
                                       Fingerprints("sha256:a", "sha256:r"), "f32")),
     tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "no audit pending")),
     tt.ReportAuditRequest(7, False, "node-a", 48, '{"findings": []}'),
+    tt.ReportAuditRequest(7, False, "node-a", 48, '{}', (tt.SignedCommitments(b"body", b"s" * 64),)),
     tt.ReportAuditReply(OK),
 ]
 

@@ -230,3 +230,41 @@ def test_silent_connections_cannot_fill_an_allocation(shard, relay_tls):
             s.close()
         agent.stop()
         relay.stop()
+
+
+def attach(stub, identity: Identity):
+    """A raw Attach by `identity` (no agent: nothing re-attaches); its event stream."""
+    request = relay_pb2.AttachRequest(node_id=identity.node_id)
+    return stub.Attach(request, metadata=sign_request(identity, TOKEN, ATTACH, request.SerializeToString()))
+
+
+def test_allocations_are_capped_per_address_and_kept_only_by_registered_nodes(shard, relay_tls):
+    """Issue 35, finding 8 (its first half): one node-token holder took all 256 allocations with
+    fresh keys. Now one address holds at most max_nodes_per_peer allocations, and an allocation
+    whose node has not registered at it with the tracker within register_seconds is closed (the
+    tracker's relay asks its registry; here a test fake of that question). An honest registered
+    node from the same address keeps serving."""
+    registered: set[tuple[str, str]] = set()
+    relay = RelayServer("127.0.0.1:0", "127.0.0.1", tls=relay_tls, token=TOKEN,
+                        limits=RelayLimits(max_nodes_per_peer=2, register_seconds=1.0),
+                        registered=lambda node_id, address: (node_id, address) in registered).start()
+    honest = start_agent(relay, relay_tls, shard)
+    registered.add((honest._identity.node_id, honest.address))  # as the node's Register would
+    channel, stub = relay_stub(relay, relay_tls)
+    try:
+        squat = attach(stub, Identity.generate())
+        assert next(squat).allocation.address  # the address's second allocation
+        with pytest.raises(grpc.RpcError) as caught:
+            next(attach(stub, Identity.generate()))  # a third from 127.0.0.1
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "127.0.0.1" in caught.value.details()
+        started = time.monotonic()
+        assert list(squat) == []  # closed: nobody registered at it
+        assert 0.5 < time.monotonic() - started < 10
+        assert ping_through(honest.address, shard[1]) == "shard-behind-nat"  # kept, and served
+        assert next(attach(stub, Identity.generate())).allocation.address  # the freed place is usable again
+        time.sleep(1.5)
+        assert ping_through(honest.address, shard[1]) == "shard-behind-nat"
+    finally:
+        channel.close()
+        honest.stop()
+        relay.stop()

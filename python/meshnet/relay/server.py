@@ -12,8 +12,10 @@ record's authentication at the node or the peer.
 Who may ask: every call is signed with the caller's node key (identity/requests.py); a Pipe is
 accepted only from the key that owns the allocation. With `token` set (the tracker passes its
 node role's token) the caller must also hold it. Bounds, checked before anything is allocated:
-at most `max_nodes` allocations, `max_connections_per_node` open connections per allocation
-and `max_connections_per_peer` from one address (more are closed at once), a connection that
+at most `max_nodes` allocations and `max_nodes_per_peer` attached from one address, an
+allocation closed unless its node registers at it with the tracker within `register_seconds`
+(when the relay can ask: `registered`), `max_connections_per_node` open connections per
+allocation and `max_connections_per_peer` from one address (more are closed at once), a connection that
 sends nothing within `hello_seconds` is closed before the node hears of it, one the node does
 not pipe within `accept_seconds` is closed, and a Chunk is at most CHUNK_BYTES. The relay runs
 its own asyncio loop in a thread, so the tracker or a node can host it beside their synchronous
@@ -27,7 +29,7 @@ import dataclasses
 import hmac
 import secrets
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import grpc
 
@@ -42,6 +44,12 @@ PIPE = "/meshnet.relay.v1.Relay/Pipe"
 PING = "/meshnet.relay.v1.Relay/Ping"
 CONNECTION_METADATA = "x-meshnet-connection"
 KEEPALIVE_MS = 10_000  # an agent pings its relay this often, calls or not
+
+
+def peer_host(peer: str) -> str:
+    """The IP address in a gRPC peer string ("ipv4:10.0.0.1:5000", "ipv6:[::1]:5000")."""
+    address = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    return address.rpartition(":")[0].strip("[]") or address
 
 
 def agent_options(keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:
@@ -70,6 +78,8 @@ class RelayLimits:
     accept_seconds: float = 10.0  # a connection the node has not piped by then is closed
     hello_seconds: float = 5.0  # a peer's first bytes (its TLS ClientHello) must come by then, or it is closed
     max_connections_per_peer: int = 8  # open connections from one IP address to one allocation
+    max_nodes_per_peer: int = 4  # allocations held from one IP address (one host's nodes)
+    register_seconds: float = 30.0  # with a registration check: an allocation no node registered by then is closed
 
 
 @dataclasses.dataclass
@@ -95,8 +105,8 @@ class _Connection:
 
 
 class _Allocation:
-    def __init__(self, node_id: str, key: bytes, limits: RelayLimits) -> None:
-        self.node_id, self.key = node_id, key
+    def __init__(self, node_id: str, key: bytes, limits: RelayLimits, peer: str = "") -> None:
+        self.node_id, self.key, self.peer = node_id, key, peer  # peer: the attaching IP address
         self.events: asyncio.Queue = asyncio.Queue()  # Incoming events; None ends the Attach
         self.pending: dict[int, _Connection] = {}
         self.open: set[_Connection] = set()
@@ -115,15 +125,19 @@ class _Allocation:
 
 class RelayServer(relay_pb2_grpc.RelayServicer):
     def __init__(self, listen: str, public_host: str, *, tls: Optional[tuple[bytes, bytes]] = None, token: str = "",
-                 limits: RelayLimits = RelayLimits()) -> None:
+                 limits: RelayLimits = RelayLimits(),
+                 registered: Optional[Callable[[str, str], bool]] = None) -> None:
         """`listen`: host:port of the Relay service (port 0 picks one); allocations listen on the
         same host. `public_host`: the host peers dial (allocations are `public_host:port`).
-        `tls`: (certificate PEM, key PEM) of the Relay service; None = plaintext (development)."""
+        `tls`: (certificate PEM, key PEM) of the Relay service; None = plaintext (development).
+        `registered(node_id, address)`: whether that node is registered with the tracker at that
+        address (a relay inside the tracker asks its registry); with it, an allocation that its
+        node has not registered within `limits.register_seconds` is closed (issue 35, finding 8)."""
         host, _, port = listen.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"relay listen address must be host:port, got {listen!r}")
         self._listen, self._bind_host, self._public_host = listen, host.strip("[]"), public_host
-        self._tls, self._token, self.limits = tls, token, limits
+        self._tls, self._token, self.limits, self._registered = tls, token, limits, registered
         self.stats = RelayStats()
         self._allocations: dict[str, _Allocation] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -217,13 +231,18 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
         if request.node_id != node_id:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"node {request.node_id!r} is not the id of the signing key ({node_id})")
+        peer = peer_host(context.peer())
+        others = [a for a in self._allocations.values() if a.node_id != node_id]
+        if sum(a.peer == peer for a in others) >= self.limits.max_nodes_per_peer:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"this relay holds its maximum of "
+                                f"{self.limits.max_nodes_per_peer} nodes attached from {peer}")
+        if len(others) >= self.limits.max_nodes:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this relay holds its maximum of {self.limits.max_nodes} nodes")
         previous = self._allocations.pop(node_id, None)
         if previous is not None:  # the same key attaching again (a restarted node): the newer one wins
             previous.close()
-        elif len(self._allocations) >= self.limits.max_nodes:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"this relay holds its maximum of {self.limits.max_nodes} nodes")
-        allocation = _Allocation(node_id, key, self.limits)
+        allocation = _Allocation(node_id, key, self.limits, peer)
         try:
             allocation.server = await asyncio.start_server(
                 lambda r, w: self._on_connection(allocation, r, w), self._bind_host, 0)
@@ -234,16 +253,31 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
         self.stats.attached = len(self._allocations)
         address = f"{self._public_host}:{port}"
         log("relay_attached", node=node_id, allocation=address, peer=context.peer())
+        deadline = asyncio.ensure_future(self._expect_registration(allocation, address))
         try:
             await context.write(relay_pb2.RelayEvent(allocation=relay_pb2.Allocation(address=address)))
             while (event := await allocation.events.get()) is not None:
                 await context.write(event)
         finally:
+            deadline.cancel()
             if self._allocations.get(node_id) is allocation:
                 del self._allocations[node_id]
             allocation.close()
             self.stats.attached = len(self._allocations)
             log("relay_detached", node=node_id, allocation=address)
+
+    async def _expect_registration(self, allocation: _Allocation, address: str) -> None:
+        """Closes `allocation` unless its node registered with the tracker at `address` within
+        register_seconds: an allocation serves a node of the swarm, not a fresh key's squat."""
+        if self._registered is None:
+            return
+        await asyncio.sleep(self.limits.register_seconds)
+        registered = await asyncio.get_running_loop().run_in_executor(None, self._registered, allocation.node_id,
+                                                                      address)
+        if not registered:
+            log("relay_unregistered", node=allocation.node_id, allocation=address,
+                reason=f"no registration at this address within {self.limits.register_seconds:g} s")
+            allocation.close()
 
     async def Pipe(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         metadata = dict(context.invocation_metadata() or ())

@@ -256,7 +256,8 @@ class LocalSwarm:
                  max_ban_seconds: float = 300.0, http: bool = False, node_metrics: bool = False,
                  node_advertise: Sequence[str] = (), node_ggufs: Sequence[Path] = (), node_args: Sequence[str] = (),
                  audit_rate: Optional[float] = None, control_plane=None,
-                 matmul_activations: Optional[str] = None, device: str | Sequence[str] = "cpu") -> None:
+                 matmul_activations: Optional[str] = None, device: str | Sequence[str] = "cpu",
+                 tracker_args: Sequence[str] = ()) -> None:
         """`node_hosts`/`node_prefixes` (one per cut) place nodes elsewhere, e.g. in network
         namespaces; by default every process is on loopback. `node_ggufs` (one per cut) are
         byte-identical copies of `gguf` each node reads instead, so nodes share no page cache, as
@@ -273,7 +274,8 @@ class LocalSwarm:
         gguf node's worker computes there ("vulkan0": `worker_binary` must link Vulkan), and the
         tracker's entry is certified on that compute backend (ADR 0014); a list (one per cut)
         puts each node on its own device, and the entry then names every backend and their mix
-        (ADR 0015: what //python:certify's cross-backend run serves)."""
+        (ADR 0015: what //python:certify's cross-backend run serves). `tracker_args`: more
+        tracker flags (e.g. `--route-lease-seconds 6`)."""
         workdir.mkdir(parents=True, exist_ok=True)
         if backend == "gguf" and worker_binary is None:
             raise ValueError("a gguf swarm needs the worker binary (cpp/worker)")
@@ -287,7 +289,8 @@ class LocalSwarm:
                                        self.node_devices or ([device] if isinstance(device, str) else []))],
             lease_seconds=lease_seconds, host=host,
             insecure=insecure,
-            ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate)
+            ban_seconds=ban_seconds, max_ban_seconds=max_ban_seconds, http=http, audit_rate=audit_rate,
+            extra_args=tracker_args)
         self.insecure, self.node_metrics = insecure, node_metrics
         self.node_args = [*(["--matmul-activations", matmul_activations] if matmul_activations else []), *node_args]
         self.cuts, self.max_sessions, self.threads = list(cuts), max_sessions, threads

@@ -12,6 +12,14 @@ routed again) and withholds its credit for the audited session (ledger), in one 
 Verifiers replay on the CPU, whose tolerance is the one calibrated (ADR 0015): a route is audited
 only when every hop ran the model's CPU recipe; one with a hop on another compute backend is
 counted in `unaudited_backend` and not queued, never judged against CPU arithmetic.
+Evidence before punishment (issue 35, finding 6; ADR 0016): an audit is bound to the verifier
+key that took it (another's report: PERMISSION_DENIED), a verifier holds at most
+MAX_IN_FLIGHT_PER_VERIFIER at once, and a refutation must carry the culprit's commitments as the
+culprit signed them, for the audited (session, epoch) (INVALID_ARGUMENT otherwise). A refutation
+is recorded, but the culprit is quarantined and its credit withheld only when `quorum` distinct
+verifier keys refute the same hop: until then the session goes back to the front of the queue as
+a confirmation that no verifier which already refuted it may take. A confirmation that passes,
+or blames another hop, is recorded and counted as `disputed`; nobody is punished.
 Thread-safe (one lock).
 """
 
@@ -27,8 +35,10 @@ from collections import deque
 from typing import Callable, Optional
 
 from meshnet.identity import tickets
-from meshnet.identity.keys import Identity
+from meshnet.identity.keys import Identity, verify
 from meshnet.process import log
+from meshnet.protocol import commitments
+from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.registry import Registry
 from meshnet.wire import tracker as tt
@@ -36,6 +46,8 @@ from meshnet.wire.seam import Fingerprints, RouteSession
 from meshnet.wire.status import Status, StatusCode
 
 MAX_PENDING = 1024
+MAX_IN_FLIGHT_PER_VERIFIER = 2  # audits one verifier key holds untaken by others
+DEFAULT_QUORUM = 2  # distinct verifier keys whose refutations of one hop quarantine it
 MAX_EVIDENCE_CHARS = 64 * 1024
 DEFAULT_RATE = 0.05
 ARTIFACT = re.compile(r"sha256:[0-9a-f]{64}")
@@ -48,14 +60,20 @@ class _Job:
     model: str
     hops: tuple[tt.Hop, ...]
     taken_at: float = 0.0
+    verifier: bytes = b""  # the key that took it (in flight)
+    refuted_by: tuple[bytes, ...] = ()  # verifier keys whose refutations of `culprit` this one would confirm
+    culprit: str = ""
 
 
 class Audits:
     def __init__(self, registry: Registry, ledger: Ledger, ticket_key: Identity, *, rate: float = DEFAULT_RATE,
                  seed: Optional[int] = None, ticket_seconds: float = 600.0, report_seconds: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, quorum: int = DEFAULT_QUORUM) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"audit rate must be in [0, 1], got {rate}")
+        if quorum < 1:
+            raise ValueError(f"the quarantine quorum must be at least 1, got {quorum}")
+        self.quorum = quorum
         self._registry, self._ledger, self._key = registry, ledger, ticket_key
         self.rate = rate
         self._random = random.Random(seed)
@@ -66,6 +84,7 @@ class Audits:
         self.considered = 0  # closed route sessions seen
         self.sampled = 0  # of those, queued for audit
         self.unaudited_backend = 0  # drawn, but with a hop on a backend no verifier replays (ADR 0015)
+        self.disputed = 0  # refutations that a confirming verifier did not repeat
 
     def consider(self, route: RouteSession, model: str, hops: tuple[tt.Hop, ...]) -> None:
         with self._lock:
@@ -85,9 +104,9 @@ class Audits:
                 log("audit_dropped", audit_id=dropped.audit_id, session=dropped.route.session_id,
                     reason=f"more than {MAX_PENDING} audits pending")
 
-    def take(self, model_artifact: str = "") -> tt.TakeAuditReply:
-        """The oldest pending audit, of a model certified from `model_artifact` when it is given
-        (a verifier can replay one artifact only)."""
+    def take(self, model_artifact: str = "", verifier: bytes = b"") -> tt.TakeAuditReply:
+        """The oldest pending audit for `verifier` (its key), of a model certified from
+        `model_artifact` when it is given (a verifier can replay one artifact only)."""
         if model_artifact and not ARTIFACT.fullmatch(model_artifact):
             return tt.TakeAuditReply(Status(StatusCode.INVALID_ARGUMENT,
                                             "model_artifact must be \"sha256:\" and 64 lowercase hex digits"))
@@ -96,14 +115,20 @@ class Audits:
             for audit_id, job in list(self._in_flight.items()):  # a verifier that never reported
                 if now - job.taken_at > self._report_seconds:
                     del self._in_flight[audit_id]
+                    job.verifier = b""
                     self._pending.appendleft(job)
-            job = next((j for j in self._pending if not model_artifact or self._artifact(j.model) == model_artifact),
-                       None)
+            if sum(j.verifier == verifier for j in self._in_flight.values()) >= MAX_IN_FLIGHT_PER_VERIFIER:
+                return tt.TakeAuditReply(Status(StatusCode.RESOURCE_EXHAUSTED, f"this verifier holds "
+                                                f"{MAX_IN_FLIGHT_PER_VERIFIER} audits already: report them first",
+                                                retryable=True))
+            job = next((j for j in self._pending if verifier not in j.refuted_by
+                        and (not model_artifact or self._artifact(j.model) == model_artifact)), None)
             if job is None:
                 return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "no audit pending" + (
-                    f" of a model certified from {model_artifact}" if model_artifact else "")))
+                    f" of a model certified from {model_artifact}" if model_artifact else "")
+                    + " that this verifier may take"))
             self._pending.remove(job)
-            job.taken_at = now
+            job.taken_at, job.verifier = now, verifier
             self._in_flight[job.audit_id] = job
         route = job.route
         issued = tuple(tickets.issue_audit(self._key, route.session_id, route.epoch, h.node.node_id,
@@ -118,7 +143,9 @@ class Audits:
         certified = self._registry.certified(model)
         return certified.artifact_fingerprint if certified else ""
 
-    def report(self, request: tt.ReportAuditRequest) -> tt.ReportAuditReply:
+    def report(self, request: tt.ReportAuditRequest, verifier: bytes = b"") -> tt.ReportAuditReply:
+        """Records `verifier`'s verdict on an audit it holds; a refutation with its proof, and
+        the culprit punished only at the quorum (see the module's docstring)."""
         if len(request.evidence) > MAX_EVIDENCE_CHARS:
             return tt.ReportAuditReply(Status(StatusCode.INVALID_ARGUMENT,
                                               f"evidence exceeds {MAX_EVIDENCE_CHARS} characters"))
@@ -126,18 +153,53 @@ class Audits:
             job = self._in_flight.get(request.audit_id)
             if job is None:
                 return tt.ReportAuditReply(Status(StatusCode.NOT_FOUND, f"audit {request.audit_id} is not in flight"))
-            hops = {h.node.node_id for h in job.hops}
-            if not request.passed and request.culprit_node_id not in hops:
-                return tt.ReportAuditReply(Status(StatusCode.INVALID_ARGUMENT,
-                                                  f"culprit {request.culprit_node_id!r} is not a hop of the audited "
-                                                  "route"))
+            if job.verifier != verifier:
+                return tt.ReportAuditReply(Status(StatusCode.PERMISSION_DENIED,
+                                                  f"audit {request.audit_id} was taken by another verifier"))
+            if not request.passed:
+                problem = _unproven(job, request)
+                if problem:
+                    return tt.ReportAuditReply(Status(StatusCode.INVALID_ARGUMENT, problem))
             del self._in_flight[request.audit_id]
-        culprit = "" if request.passed else request.culprit_node_id
+            culprit = "" if request.passed else request.culprit_node_id
+            confirming = bool(job.refuted_by)
+            agreed = job.refuted_by + (verifier,) if culprit and (not confirming or culprit == job.culprit) else ()
+            punish = len(set(agreed)) >= self.quorum
+            if culprit and not punish and (not confirming or culprit == job.culprit):
+                # Not yet the quorum: the session again, first in line, for another verifier.
+                self._pending.appendleft(_Job(secrets.randbits(62) + 1, job.route, job.model, job.hops,
+                                              refuted_by=agreed, culprit=culprit))
+            elif confirming and not punish:
+                self.disputed += 1
         self._ledger.record_audit(job.audit_id, job.route.session_id, job.route.epoch, job.model, request.passed,
-                                  culprit, request.checked_positions, request.evidence)
-        if not request.passed:
+                                  culprit, request.checked_positions, request.evidence, enforce=punish)
+        if punish:
             self._registry.quarantine(culprit)
         log("audit", audit_id=job.audit_id, session=job.route.session_id, epoch=job.route.epoch,
-            passed=request.passed, culprit=culprit, checked=request.checked_positions)
+            passed=request.passed, culprit=culprit, checked=request.checked_positions,
+            verifier=verifier.hex()[:16], refutations=len(set(agreed)), quarantined=punish,
+            disputed=confirming and not agreed)
         return tt.ReportAuditReply(Status(StatusCode.OK))
 
+
+def _unproven(job: _Job, request: tt.ReportAuditRequest) -> str:
+    """Why a refutation's proof does not hold ('' when it does): its culprit must be a hop of the
+    route, and every commitments it carries, the culprit's among them, must be signed by the hop
+    it names, with the route's key for that hop, for the audited (session, epoch)."""
+    keys = {h.node.node_id: h.node.public_key for h in job.hops}
+    if request.culprit_node_id not in keys:
+        return f"culprit {request.culprit_node_id!r} is not a hop of the audited route"
+    signed_by = set()
+    for signed in request.commitments:
+        try:
+            session_id, epoch, node_id = commitments.subject(signed.body)
+        except ProtocolError as err:
+            return err.status.message
+        if (session_id, epoch) != (job.route.session_id, job.route.epoch) or node_id not in keys:
+            return f"commitments of {node_id!r} for {session_id}@{epoch} are not of a hop of the audited session"
+        if not verify(keys[node_id], signed.signature, commitments.COMMITMENTS_DOMAIN + signed.body):
+            return f"the commitments named {node_id!r} are not signed by that hop's key"
+        signed_by.add(node_id)
+    if request.culprit_node_id not in signed_by:
+        return "a refutation carries the culprit's signed commitments (ReportAuditRequest.commitments)"
+    return ""

@@ -1,4 +1,6 @@
-"""Audits on the tracker's side: the seeded draw, tickets per hop, and what a verdict may do.
+"""Audits on the tracker's side: the seeded draw, tickets per hop, and what a verdict may do:
+bound to the verifier that took it, a refutation only with the culprit's signed commitments, and
+a quarantine only at the quorum of verifiers, which an operator can release (ADR 0016).
 Refusals have exact statuses and leave an honest audit beside them untouched."""
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import pytest
 
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
-from meshnet.tracker.audits import MAX_EVIDENCE_CHARS, Audits
+from meshnet.protocol.commitments import COMMITMENTS_DOMAIN
+from meshnet.shard.v1 import shard_pb2
+from meshnet.tracker.audits import MAX_EVIDENCE_CHARS, MAX_IN_FLIGHT_PER_VERIFIER, Audits
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.wire import tracker as tt
@@ -22,11 +26,28 @@ MODEL = CertifiedModel("smol", "llama", 30, ART, REC, matmul_activations="f32")
 OTHER = CertifiedModel("other", "llama", 30, "sha256:" + "b" * 64, REC, matmul_activations="quantized")
 
 
+NODE_KEYS: dict[str, Identity] = {}  # node id -> key, for hops made here
+VERIFIER, SECOND_VERIFIER = Identity.generate().public_key, Identity.generate().public_key
+
+
 def hop(name: str, start: int, end: int) -> tt.Hop:
     key = Identity.generate()
+    NODE_KEYS[key.node_id] = key
     info = tt.NodeInfo(key.node_id, f"{name}:1", tt.BackendKind.GGUF, "smol", "llama", Fingerprints(ART, REC), "",
                        tt.LayerRange(start, end), tt.Capacity(4, 4096, 0), 30, key.public_key, "")
     return tt.Hop(info, tt.LayerRange(start, end))
+
+
+def signed(h: tt.Hop, route: RouteSession, by: Identity | None = None) -> tt.SignedCommitments:
+    """`h`'s commitments for `route`, signed by its node key (or by `by`: a forgery)."""
+    body = shard_pb2.CommitmentsBody(node_id=h.node.node_id, session_id=route.session_id, epoch=route.epoch,
+                                     layer_start=h.layers.start, layer_end=h.layers.end, k=8, count=1)
+    raw = body.SerializeToString()
+    return tt.SignedCommitments(raw, (by or NODE_KEYS[h.node.node_id]).sign(COMMITMENTS_DOMAIN + raw))
+
+
+def refutation(job: tt.AuditJob, culprit: tt.Hop, evidence: str = "{}") -> tt.ReportAuditRequest:
+    return tt.ReportAuditRequest(job.audit_id, False, culprit.node.node_id, 32, evidence, (signed(culprit, job.session),))
 
 
 @pytest.fixture
@@ -66,22 +87,91 @@ def test_a_taken_audit_carries_a_verifiable_ticket_per_hop(setup):
 def test_refused_reports_change_nothing_and_an_honest_one_beside_them_lands(setup):
     audits, registry, ledger, _ = setup
     hops = (hop("a", 0, 10), hop("b", 10, 30))
-    audits.consider(RouteSession("s1", 1), "smol", hops)
-    job = audits.take().job
+    route = RouteSession("s1", 1)
+    audits.consider(route, "smol", hops)
+    job = audits.take(verifier=VERIFIER).job
     culprit = hops[1].node.node_id
-    assert audits.report(tt.ReportAuditRequest(job.audit_id + 1, False, culprit)).status.code == StatusCode.NOT_FOUND
+    proof = (signed(hops[1], route),)
+
+    def code(request: tt.ReportAuditRequest, verifier: bytes = VERIFIER) -> StatusCode:
+        return audits.report(request, verifier).status.code
+
+    assert code(tt.ReportAuditRequest(job.audit_id + 1, False, culprit, commitments=proof)) == StatusCode.NOT_FOUND
     outsider = Identity.generate().node_id
-    assert audits.report(tt.ReportAuditRequest(job.audit_id, False, outsider)).status.code \
+    assert code(tt.ReportAuditRequest(job.audit_id, False, outsider, commitments=proof)) == StatusCode.INVALID_ARGUMENT
+    assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 8, "x" * (MAX_EVIDENCE_CHARS + 1), proof)) \
         == StatusCode.INVALID_ARGUMENT
-    assert audits.report(tt.ReportAuditRequest(job.audit_id, False, culprit, 8, "x" * (MAX_EVIDENCE_CHARS + 1))) \
-        .status.code == StatusCode.INVALID_ARGUMENT
+    # Finding 6: a verdict made up by whoever holds the verifier token.
+    assert code(refutation(job, hops[1]), SECOND_VERIFIER) == StatusCode.PERMISSION_DENIED  # not its audit
+    assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, "{}")) == StatusCode.INVALID_ARGUMENT  # no proof
+    forged = (signed(hops[1], route, by=Identity.generate()),)
+    assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, "{}", forged)) == StatusCode.INVALID_ARGUMENT
+    elsewhere = (signed(hops[1], RouteSession("s1", 2)),)  # the node's own signature, another epoch
+    assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, "{}", elsewhere)) == \
+        StatusCode.INVALID_ARGUMENT
+    other_hop = (signed(hops[0], route),)  # signed, but not the culprit's
+    assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, "{}", other_hop)) == \
+        StatusCode.INVALID_ARGUMENT
+    garbage = (tt.SignedCommitments(b"\xff\xff", b"s" * 64),)
+    assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, "{}", garbage)) == StatusCode.INVALID_ARGUMENT
     assert ledger.quarantined() == set() and registry.quarantined == frozenset() and ledger.audits() == []
     evidence = json.dumps({"findings": [{"node_id": culprit, "check": "output", "refuted": 3}]})
-    assert audits.report(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, evidence)).status.ok
-    assert ledger.quarantined() == {culprit} and registry.quarantined == frozenset({culprit})
+    assert code(refutation(job, hops[1], evidence)) == StatusCode.OK
     [record] = ledger.audits()
     assert record["culprit"] == culprit and not record["passed"] and json.loads(record["evidence"])["findings"]
-    assert audits.report(tt.ReportAuditRequest(job.audit_id, True)).status.code == StatusCode.NOT_FOUND  # once
+    assert ledger.quarantined() == set() and registry.quarantined == frozenset()  # one verifier is not a quorum
+    assert code(tt.ReportAuditRequest(job.audit_id, True)) == StatusCode.NOT_FOUND  # once
+
+
+def test_a_quarantine_needs_the_quorum_and_the_operator_can_release_it(setup):
+    """Two distinct verifier keys must refute the same hop: the first refutation puts the
+    session back, first in line, for another verifier (never the one that refuted it); the
+    second quarantines the hop and withholds its credit. A confirmation that passes is a
+    dispute: recorded, nobody punished. The operator's release (the ledger) ends a quarantine."""
+    audits, registry, ledger, _ = setup
+    hops = (hop("a", 0, 10), hop("b", 10, 30))
+    route = RouteSession("s1", 1)
+    ledger.issue([(route.session_id, route.epoch, h.node.node_id) for h in hops], 100)
+    ledger.record(hops[1].node.node_id, 1, [tt.WorkEntry(route, 10, 5)])
+    audits.consider(route, "smol", hops)
+    audits.consider(RouteSession("s2", 1), "smol", hops)
+    first = audits.take(verifier=VERIFIER).job
+    assert audits.report(refutation(first, hops[1]), VERIFIER).status.ok
+    again = audits.take(verifier=VERIFIER).job  # it may not confirm itself: it gets the next session
+    assert again.session == RouteSession("s2", 1)
+    confirmation = audits.take(verifier=SECOND_VERIFIER).job
+    assert confirmation.session == route and confirmation.audit_id != first.audit_id
+    assert ledger.quarantined() == set() and ledger.totals()[0].decode_tokens == 5
+    assert audits.report(refutation(confirmation, hops[1]), SECOND_VERIFIER).status.ok
+    culprit = hops[1].node.node_id
+    assert ledger.quarantined() == {culprit} and registry.quarantined == frozenset({culprit})
+    assert ledger.totals() == [] and ledger.withheld_tokens(culprit) == 15
+    assert [a["passed"] for a in ledger.audits()] == [False, False]
+
+    # A dispute: s2 refuted by one verifier, passed by another.
+    assert audits.report(refutation(again, hops[0]), VERIFIER).status.ok
+    disputing = audits.take(verifier=SECOND_VERIFIER).job
+    assert disputing.session == RouteSession("s2", 1)
+    assert audits.report(tt.ReportAuditRequest(disputing.audit_id, True), SECOND_VERIFIER).status.ok
+    assert audits.disputed == 1 and hops[0].node.node_id not in ledger.quarantined()
+    assert audits.take(verifier=b"third").status.code == StatusCode.NOT_FOUND  # settled
+
+    assert ledger.release(culprit) == 2  # its quarantine row and its withheld row
+    registry.sync_quarantine(ledger.quarantined())
+    assert registry.quarantined == frozenset() and ledger.totals()[0].decode_tokens == 5
+
+
+def test_a_verifier_holds_a_bounded_number_of_audits(setup):
+    """Finding 6: one verifier could take the whole audit queue and sit on it."""
+    audits, _, _, _ = setup
+    for i in range(MAX_IN_FLIGHT_PER_VERIFIER + 2):
+        audits.consider(RouteSession(f"s{i}", 1), "smol", (hop("a", 0, 30),))
+    held = [audits.take(verifier=VERIFIER).job for _ in range(MAX_IN_FLIGHT_PER_VERIFIER)]
+    refused = audits.take(verifier=VERIFIER)
+    assert refused.status.code == StatusCode.RESOURCE_EXHAUSTED and refused.status.retryable and refused.job is None
+    assert audits.take(verifier=SECOND_VERIFIER).job is not None  # another verifier is served beside it
+    assert audits.report(tt.ReportAuditRequest(held[0].audit_id, True), VERIFIER).status.ok
+    assert audits.take(verifier=VERIFIER).job is not None  # one reported, one more taken
 
 
 def test_a_job_names_its_models_certified_artifact_and_recipe(setup):

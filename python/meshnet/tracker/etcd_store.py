@@ -282,6 +282,10 @@ class EtcdStore:
         reply = self._client.txn([], [ec.put(self._key("quarantine", node_id), codec.dump({}, "quarantine"))])
         self._written(reply["revision"])
 
+    def release(self, node_id: NodeId) -> None:
+        reply = self._client.txn([], [ec.delete(self._key("quarantine", node_id))])
+        self._written(reply["revision"])
+
     def quarantined(self) -> frozenset[NodeId]:
         with self._cache_lock:
             return frozenset(self._quarantined)

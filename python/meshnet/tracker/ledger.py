@@ -4,6 +4,7 @@ Called by service.py: `issue` when a route epoch is handed out, `record` for Rep
 audits.py for verdicts; by the tracker's web endpoints (web.py, metrics.py) for totals; and from
 the command line:
   python -m meshnet.tracker.ledger (--db tracker.db | --ledger postgresql://...) totals [by-node | by-client]
+  python -m meshnet.tracker.ledger (--db tracker.db | --ledger postgresql://...) release NODE_ID
 Each issued triple carries the route's client_id (as its opener named it: a gateway opens routes
 as "key:<API key name>"), so work is attributed per node and per client.
 This module holds the rules; a store holds the rows (ledger_store.py): a SQLite file, the
@@ -14,7 +15,10 @@ Invariants, on either store and across trackers sharing one database: `issue`, `
 report survives a crash (kill -9) of the tracker; work is counted only for triples a tracker
 issued, at most once per (node, report id), and never more than the triple's token cap (the
 route's expected tokens), so totals stay bounded (no SQL integer overflow: each row is at most
-MAX_EXPECTED_TOKENS). Thread-safe (the store serializes its connection).
+MAX_EXPECTED_TOKENS). What is credited (totals) is further capped per triple by the session's
+delivery, when its client reported one at CloseRoute (`record_delivery`, issue 35 finding 7): a
+node is paid for what reached the client, not for whatever it reports up to the route's budget.
+Thread-safe (the store serializes its connection).
 """
 
 from __future__ import annotations
@@ -35,9 +39,20 @@ from meshnet.wire.tracker import WorkEntry
 MAX_REPORT_ID = (1 << 63) - 1
 MAX_SQL_INTEGER = (1 << 63) - 1  # a larger epoch (the wire's is uint64) was never issued
 
-# Work that counts: every row but those of a triple withheld by a failed audit (ADR 0008).
-_CREDITED = ("(SELECT * FROM work AS c WHERE NOT EXISTS (SELECT 1 FROM withheld AS h WHERE "
-             "h.session_id = c.session_id AND h.epoch = c.epoch AND h.node_id = c.node_id))")
+# Work that counts, one row per (session, epoch, node): its work rows but those of a triple
+# withheld by a failed audit (ADR 0008), summed, then capped by the session's delivery when its
+# client reported one at CloseRoute (no epoch's hop computes more than the prompt plus the tokens
+# delivered): prefill first, then decode within what the cap leaves.
+_TRIPLES = ("SELECT session_id, epoch, node_id, SUM(prefill_tokens) AS prefill, SUM(decode_tokens) AS decode "
+            "FROM work AS c WHERE NOT EXISTS (SELECT 1 FROM withheld AS h WHERE h.session_id = c.session_id AND "
+            "h.epoch = c.epoch AND h.node_id = c.node_id) GROUP BY session_id, epoch, node_id")
+_CREDITED = (
+    "(SELECT t.session_id, t.epoch, t.node_id, "
+    "CASE WHEN d.cap IS NULL OR t.prefill <= d.cap THEN t.prefill ELSE d.cap END AS prefill_tokens, "
+    "CASE WHEN d.cap IS NULL OR t.prefill + t.decode <= d.cap THEN t.decode WHEN t.prefill >= d.cap THEN 0 "
+    "ELSE d.cap - t.prefill END AS decode_tokens "
+    f"FROM ({_TRIPLES}) AS t LEFT JOIN (SELECT session_id, prompt_tokens + tokens AS cap FROM deliveries) AS d "
+    "ON d.session_id = t.session_id)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,9 +170,10 @@ class Ledger:
             f"CAST(COALESCE(SUM(decode_tokens), 0) AS BIGINT) FROM {_CREDITED} AS w").fetchone()))
 
     def record_audit(self, audit_id: int, session_id: str, epoch: int, model: str, passed: bool, culprit: str,
-                     checked: int, evidence: str) -> None:
-        """An audit's verdict (ADR 0008); a failed one also quarantines `culprit` and withholds
-        its credit for the audited (session, epoch), in the same committed transaction."""
+                     checked: int, evidence: str, enforce: bool = True) -> None:
+        """An audit's verdict (ADR 0008); a failed one with `enforce` (its quorum of verifiers
+        reached, ADR 0016) also quarantines `culprit` and withholds its credit for the audited
+        (session, epoch), in the same committed transaction."""
         now = time.time()
 
         def write(sql: Sql) -> None:
@@ -167,7 +183,7 @@ class Ledger:
                         "passed = excluded.passed, culprit = excluded.culprit, checked = excluded.checked, "
                         "evidence = excluded.evidence, reported_at = excluded.reported_at",
                         (audit_id, session_id, epoch, model, int(passed), culprit, checked, evidence, now))
-            if not passed:
+            if not passed and enforce:
                 sql.execute("INSERT INTO quarantine (node_id, audit_id, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                             (culprit, audit_id, now))
                 sql.execute("INSERT INTO withheld (session_id, epoch, node_id, audit_id) VALUES (?, ?, ?, ?) "
@@ -177,6 +193,15 @@ class Ledger:
     def quarantined(self) -> set[str]:
         """Nodes that failed an audit."""
         return self._store.read(lambda sql: {row[0] for row in sql.execute("SELECT node_id FROM quarantine")})
+
+    def release(self, node_id: str) -> int:
+        """The operator's release of a quarantined node (ADR 0016): it may be routed again (a
+        running tracker takes this from the ledger within QUARANTINE_SYNC_SECONDS) and the credit
+        its quarantine withheld is counted again. How many quarantine and withheld rows went."""
+        def write(sql: Sql) -> int:
+            removed = sql.execute("DELETE FROM quarantine WHERE node_id = ?", (node_id,)).rowcount
+            return removed + sql.execute("DELETE FROM withheld WHERE node_id = ?", (node_id,)).rowcount
+        return self._store.write(write)
 
     def audits(self) -> list[dict]:
         """Every recorded verdict, oldest first (for the status page and the evidence)."""
@@ -192,6 +217,22 @@ class Ledger:
             "SELECT CAST(COALESCE(SUM(w.prefill_tokens + w.decode_tokens), 0) AS BIGINT) FROM work AS w "
             "JOIN withheld AS h ON h.session_id = w.session_id AND h.epoch = w.epoch AND h.node_id = w.node_id "
             "WHERE w.node_id = ?", (node_id,)).fetchone()[0])
+
+    def record_delivery(self, session_id: str, prompt_tokens: int, tokens: int) -> None:
+        """What the client of `session_id` says it received (CloseRoute); from then on each hop's
+        credit for the session is at most `prompt_tokens + tokens` per epoch. The first report
+        stands (a retried CloseRoute repeats it)."""
+        if not (0 <= prompt_tokens <= MAX_SQL_INTEGER and 0 <= tokens <= MAX_SQL_INTEGER):
+            raise ValueError("delivery counts out of range")
+        now = time.time()
+        self._store.write(lambda sql: sql.execute(
+            "INSERT INTO deliveries (session_id, prompt_tokens, tokens, reported_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING", (session_id, prompt_tokens, tokens, now)))
+
+    def last_work_at(self, session_id: str, epoch: int) -> Optional[float]:
+        """When work was last recorded for any hop of (session, epoch) (Unix time), or None."""
+        return self._store.read(lambda sql: sql.execute(
+            "SELECT MAX(recorded_at) FROM work WHERE session_id = ? AND epoch = ?", (session_id, epoch)).fetchone()[0])
 
     def sessions(self) -> set[str]:
         return self._store.read(lambda sql: {row[0] for row in sql.execute("SELECT DISTINCT session_id FROM work")})
@@ -233,10 +274,15 @@ def main() -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="the SQLite ledger file")
     where.add_argument("--ledger", metavar="URL", help="the PostgreSQL ledger: postgresql://USER@HOST:PORT/DATABASE")
-    parser.add_argument("command", choices=["totals"])
-    parser.add_argument("view", nargs="?", choices=["by-node", "by-client"], default="by-node",
-                        help="tokens and sessions per node (default) or per client_id of the routes")
+    parser.add_argument("command", choices=["totals", "release"],
+                        help="totals [by-node|by-client]: tokens and sessions per node (default) or per client_id "
+                        "of the routes; release NODE_ID: end a node's quarantine (the operator's call, ADR 0016)")
+    parser.add_argument("what", nargs="?", help="by-node or by-client (totals); the node id (release)")
     args = parser.parse_args()
+    if args.command == "totals" and args.what not in (None, "by-node", "by-client"):
+        parser.error(f"totals takes by-node or by-client, not {args.what!r}")
+    if args.command == "release" and not args.what:
+        parser.error("release takes the quarantined node's id")
     if args.db is not None and not args.db.exists():
         parser.error(f"no ledger at {args.db}")
     if args.ledger is not None and not is_postgres_url(args.ledger):
@@ -245,7 +291,15 @@ def main() -> None:
         ledger = Ledger(args.db if args.db is not None else args.ledger)
     except LedgerUnavailable as err:
         parser.error(str(err))
-    totals = ledger.totals() if args.view == "by-node" else ledger.totals_by_client()
+    if args.command == "release":
+        quarantined = args.what in ledger.quarantined()
+        removed = ledger.release(args.what)
+        print(json.dumps({"node_id": args.what, "was_quarantined": quarantined, "rows_removed": removed}))
+        ledger.close()
+        if not quarantined:
+            parser.exit(1, f"{args.what} was not quarantined\n")
+        return
+    totals = ledger.totals() if args.what in (None, "by-node") else ledger.totals_by_client()
     print(json.dumps([dataclasses.asdict(t) for t in totals], indent=2))
     ledger.close()
 

@@ -69,6 +69,12 @@ CREATE TABLE IF NOT EXISTS work (
 CREATE INDEX IF NOT EXISTS work_by_node ON work (node_id);
 CREATE INDEX IF NOT EXISTS work_by_report ON work (node_id, report_id);
 CREATE INDEX IF NOT EXISTS work_by_triple ON work (session_id, epoch, node_id);
+CREATE TABLE IF NOT EXISTS deliveries (
+    session_id TEXT PRIMARY KEY,
+    prompt_tokens BIGINT NOT NULL CHECK (prompt_tokens >= 0),
+    tokens BIGINT NOT NULL CHECK (tokens >= 0),
+    reported_at DOUBLE PRECISION NOT NULL
+);
 CREATE TABLE IF NOT EXISTS audits (
     audit_id BIGINT PRIMARY KEY,
     session_id TEXT NOT NULL,

@@ -43,6 +43,12 @@ CREATE TABLE IF NOT EXISTS work (
 CREATE INDEX IF NOT EXISTS work_by_node ON work (node_id);
 CREATE INDEX IF NOT EXISTS work_by_report ON work (node_id, report_id);
 CREATE INDEX IF NOT EXISTS work_by_triple ON work (session_id, epoch, node_id);
+CREATE TABLE IF NOT EXISTS deliveries (
+    session_id TEXT PRIMARY KEY,
+    prompt_tokens INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    reported_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS audits (
     audit_id INTEGER PRIMARY KEY,
     session_id TEXT NOT NULL,

@@ -134,6 +134,31 @@ def test_work_is_attributed_to_the_client_of_its_route(opened, db):
     assert ledger.overall() == (3, 40, 15)
 
 
+def test_credit_is_capped_by_what_the_client_says_was_delivered(opened, db):
+    """Issue 35, finding 7: a session cancelled after 5 tokens was credited 205 (its hops may
+    report up to the route's budget). Once its client reports the delivery at CloseRoute, each
+    (session, epoch, node) is credited at most prompt + delivered tokens, prefill first; a session
+    without a report, or whose work is within its delivery, is credited as reported."""
+    ledger = opened(db)
+    ledger.issue([("cut", 1, "a"), ("cut", 1, "b"), ("cut", 2, "a")], 205, client_id="key:alice")
+    ledger.issue([("full", 1, "a")], 205, client_id="key:bob")
+    ledger.issue([("open", 1, "b")], 205, client_id="key:carol")
+    ledger.record("a", 1, [WorkEntry(RouteSession("cut", 1), 10, 195),  # claims the whole budget
+                           WorkEntry(RouteSession("cut", 2), 14, 1),  # the replay after a failover, within it
+                           WorkEntry(RouteSession("full", 1), 10, 20)])
+    ledger.record("b", 1, [WorkEntry(RouteSession("cut", 1), 20, 3),  # more prefill than the cap leaves
+                           WorkEntry(RouteSession("open", 1), 10, 195)])
+    ledger.record_delivery("cut", 10, 5)  # the client got 5 tokens of a 10-token prompt, then cancelled
+    ledger.record_delivery("cut", 10, 200)  # a repeated close does not move the first report
+    ledger.record_delivery("full", 10, 21)
+    assert ledger.totals() == [NodeTotals("a", 2, 10 + 14 + 10, 5 + 1 + 20), NodeTotals("b", 2, 15 + 10, 195)]
+    assert ledger.totals_by_client() == [ClientTotals("key:alice", 1, 10 + 14 + 15, 5 + 1),
+                                         ClientTotals("key:bob", 1, 10, 20), ClientTotals("key:carol", 1, 10, 195)]
+    assert ledger.overall() == (3, 59, 221)
+    with pytest.raises(ValueError):
+        ledger.record_delivery("full", -1, 0)
+
+
 def test_an_old_ledger_gains_the_client_column_and_keeps_its_work(opened, tmp_path):
     """A ledger written before per-client attribution: its `issued` table has no client_id."""
     db = tmp_path / "old.db"
@@ -174,6 +199,26 @@ def test_the_command_line_prints_totals_by_client(opened, db, capsys, monkeypatc
     ledger_main()
     assert json.loads(capsys.readouterr().out) == [
         {"node_id": "a", "sessions": 1, "prefill_tokens": 4, "decode_tokens": 2}]
+
+
+def test_the_operator_releases_a_quarantined_node_from_the_command_line(opened, db, capsys, monkeypatch):
+    """ADR 0016: a quarantine has a release path; the node's withheld credit counts again."""
+    ledger = opened(db)
+    ledger.issue([("s", 1, "a")], 100)
+    ledger.record("a", 1, [WorkEntry(RouteSession("s", 1), 4, 2)])
+    ledger.record_audit(1, "s", 1, "smol", False, "a", 6, "{}")
+    assert ledger.quarantined() == {"a"} and ledger.totals() == []
+    ledger.close()
+    where = ["--ledger", db] if isinstance(db, str) else ["--db", str(db)]
+    monkeypatch.setattr(sys, "argv", ["ledger", *where, "release", "a"])
+    ledger_main()
+    assert json.loads(capsys.readouterr().out) == {"node_id": "a", "was_quarantined": True, "rows_removed": 2}
+    monkeypatch.setattr(sys, "argv", ["ledger", *where, "release", "a"])
+    with pytest.raises(SystemExit) as exit_:
+        ledger_main()
+    assert exit_.value.code == 1 and "was not quarantined" in capsys.readouterr().err
+    reopened = opened(db)
+    assert reopened.quarantined() == set() and reopened.totals() == [NodeTotals("a", 1, 4, 2)]
 
 
 def test_concurrent_writes_commit_together_and_a_refused_one_alone_is_undone(tmp_path):

@@ -12,7 +12,9 @@ models (see README, "Tracker"). `--http-listen HOST:PORT` (off by default) also 
 read-only /metrics, /status and /status.json (tracker/web.py says what they reveal); `--relay
 HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sends a node the
 tracker cannot reach to a relay. `--audit-rate` (default 0.05) of closed route sessions are
-queued for the verifier role (ADR 0008). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
+queued for the verifier role (ADR 0008); a hop is quarantined when `--audit-quorum` (default 2)
+verifier keys refute it (ADR 0016), and the ledger, the quarantine's record, is read again every
+QUARANTINE_SYNC_SECONDS (an operator's `ledger release NODE_ID` takes effect). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
 sessions, bans and the quarantine in etcd under `--etcd-prefix`, shared by every tracker given the
 same cluster and prefix (ADR 0011); without it the state is in memory (one tracker).
 `--etcd-ca/--etcd-cert/--etcd-key` speak to etcd over TLS with a client certificate (etcd's
@@ -30,7 +32,7 @@ from meshnet.identity.keys import Identity
 from meshnet.process import log, stop_on_signals, write_port_file
 from meshnet.relay.server import RelayServer
 from meshnet.tracker import etcd_client, web
-from meshnet.tracker.audits import DEFAULT_RATE, Audits
+from meshnet.tracker.audits import DEFAULT_QUORUM, DEFAULT_RATE, Audits
 from meshnet.tracker.etcd_store import DEFAULT_PREFIX, EtcdStore
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.ledger_postgres import is_postgres_url
@@ -39,6 +41,8 @@ from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.probe import health_fails
 from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
 from meshnet.tracker.state_store import StoreError
+
+QUARANTINE_SYNC_SECONDS = 5.0
 
 
 def load_models(path: Path, allow_uncertified: bool = False) -> list[CertifiedModel]:
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--audit-rate", type=float, default=DEFAULT_RATE,
                         help="fraction of closed route sessions queued for the verifier role to audit (ADR 0008)")
     parser.add_argument("--audit-seed", type=int, help="seed of the audit draw (default: random)")
+    parser.add_argument("--audit-quorum", type=int, default=DEFAULT_QUORUM,
+                        help="distinct verifier keys that must refute the same hop before it is quarantined and its "
+                        "credit withheld (ADR 0016)")
     parser.add_argument("--etcd", metavar="HOST:PORT,...",
                         help="keep the tracker state in this etcd cluster (its members' client addresses), shared "
                         "with the other trackers on it (ADR 0011); default: in memory, this tracker alone")
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if not 0.0 <= args.audit_rate <= 1.0:
         parser.error("--audit-rate must be in [0, 1]")
+    if args.audit_quorum < 1:
+        parser.error("--audit-quorum must be at least 1")
     if args.ledger is not None and not is_postgres_url(args.ledger):
         parser.error("--ledger takes a postgresql:// URL (a SQLite ledger is --db PATH)")
     store = None
@@ -155,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
                         quarantined=ledger.quarantined(), on_close=lambda *closed: audits[0].consider(*closed),
                         store=store, corroborate=health_fails)
     audits.append(Audits(registry, ledger, ticket_key, rate=args.audit_rate, seed=args.audit_seed,
-                         ticket_seconds=args.ticket_seconds))
+                         ticket_seconds=args.ticket_seconds, quorum=args.audit_quorum))
     metrics = TrackerMetrics(registry, ledger)
     try:
         server, port = serve(registry, ledger, args.listen, roles, ticket_key, tls=tls,
@@ -165,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         relay = None
         if args.relay:
             relay = RelayServer(args.relay, args.relay_public_host or args.relay.rpartition(":")[0], tls=tls,
-                                token=roles.get("node", "")).start()
+                                token=roles.get("node", ""), registered=registry.registered_at).start()
     except (ValueError, OSError) as err:
         parser.error(str(err))
     log("listening", address=args.listen, port=port, ledger=ledger.location, models=[m.model for m in models],
@@ -177,7 +186,11 @@ def main(argv: list[str] | None = None) -> None:
         write_port_file(args.relay_port_file, relay.port)
     stop = stop_on_signals()  # before the port file: a launcher may signal as soon as it sees it
     write_port_file(args.port_file, port)
-    stop.wait()
+    while not stop.wait(QUARANTINE_SYNC_SECONDS):  # the ledger is the quarantine's record (an operator's release)
+        try:
+            registry.sync_quarantine(ledger.quarantined())
+        except StoreError as err:
+            log("quarantine_sync_failed", error=str(err))
     log("stopping")
     if http is not None:
         http.stop()

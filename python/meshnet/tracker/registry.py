@@ -409,24 +409,57 @@ class Registry:
         with self._lock:
             self._store.quarantine(node_id)
 
+    def registered_at(self, node_id: str, address: str) -> bool:
+        """Whether `node_id` has a live registration with `address` (the relay's question about
+        an allocation it holds for that node)."""
+        return any(n.info.node_id == node_id and n.info.address == address for n in self._store.nodes())
+
+    def sync_quarantine(self, quarantined: Iterable[NodeId]) -> None:
+        """Makes the store's quarantine `quarantined` (the ledger's, which is the record: a node
+        the operator released there is routed again; one quarantined by a tracker sharing the
+        ledger is fenced here too)."""
+        wanted = set(quarantined)
+        with self._lock:
+            held = self._store.quarantined()
+            for node_id in held - wanted:
+                self._store.release(node_id)
+            for node_id in wanted - held:
+                self._store.quarantine(node_id)
+
     @property
     def quarantined(self) -> frozenset[NodeId]:
         with self._lock:
             return self._store.quarantined()
 
-    def renew_route(self, route: Optional[RouteSession], caller: bytes) -> tt.RenewRouteReply:
-        """Extends the lease of a live route session (its opener only, at its current epoch)."""
-        problem, session = self._check_session(route)
+    def renew_route(self, route: Optional[RouteSession], caller: bytes,
+                    carried_traffic: Callable[[], bool] = lambda: True) -> tt.RenewRouteReply:
+        """Extends the lease of a live route session (its opener only, at its current epoch), if
+        `carried_traffic()` says its hops worked for it lately (service.py asks the ledger): a
+        route nobody sends frames on lapses, and its hops' capacity returns (issue 35, finding 4)."""
+        problem = self.opener_problem(route, caller, "renew")
         if problem is not None:
             return tt.RenewRouteReply(problem)
-        assert route is not None and session is not None
-        if session.client_key != caller:
-            return tt.RenewRouteReply(_error(StatusCode.PERMISSION_DENIED,
-                                             "only the client that opened a route may renew it"))
+        assert route is not None
+        if not carried_traffic():
+            return tt.RenewRouteReply(_error(
+                StatusCode.RESOURCE_EXHAUSTED, f"no hop of this route reported work in the last "
+                f"{self._route_lease:g} s: only a route that carries traffic keeps the hops' capacity (an idle one lapses)",
+                True))
         if not self._store.renew_session(route.session_id, route.epoch, self._route_lease):  # only at that epoch
             problem = self._check_session(route)[0] or _error(StatusCode.UNAVAILABLE, "renew raced; retry", True)
             return tt.RenewRouteReply(problem)
         return tt.RenewRouteReply(OK, self.route_lease_ms)
+
+    def opener_problem(self, route: Optional[RouteSession], caller: bytes, verb: str) -> Optional[Status]:
+        """None when `route` is live at its current epoch (as read now) and `caller` opened it;
+        else why not (`verb`: what the caller wants to do, for the message)."""
+        problem, session = self._check_session(route)
+        if problem is not None:
+            return problem
+        assert session is not None
+        if session.client_key != caller:
+            return _error(StatusCode.PERMISSION_DENIED, f"only the client that opened a route may {verb} it")
+        return None
 
     def expected_tokens(self, route: Optional[RouteSession]) -> int:
         """The token budget a live route session was opened with (0 if unknown)."""

@@ -81,6 +81,9 @@ def test_a_route_survives_the_tracker_that_opened_it(etcd, tmp_path):
             body = tickets.open_ticket(new_hop.ticket, swarm_key)
             assert (body.session_id, body.epoch, body.node_id) == (route.session.session_id, 2, new_hop.node.node_id)
             assert via_b.report_failure(route.session, hop.node.node_id).status.code == StatusCode.STALE_EPOCH
+            with b.client("node", next(k for k in node_keys if k.node_id == new_hop.node.node_id)) as worked:
+                work = tt.WorkReport(new_hop.node.node_id, (tt.WorkEntry(moved.session, 5, 1),), 1)
+                assert worked.report_work(work).status.ok  # renewal needs traffic (issue 35, finding 4)
             assert via_b.renew_route(moved.session).status.ok
             assert via_b.close_route(moved.session).status.ok
         with b.client("node", node_keys[0]) as node:  # its lease lives in etcd: no new registration

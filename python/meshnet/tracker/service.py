@@ -32,9 +32,10 @@ from meshnet.tracker.audits import Audits
 from meshnet.tracker.grpc_server import Refused, ServerLimits, TrackerServer
 from meshnet.tracker.ledger import Ledger, WorkRefused
 from meshnet.tracker.metrics import TrackerMetrics
-from meshnet.tracker.registry import Registry
+from meshnet.tracker.registry import MAX_EXPECTED_TOKENS, Registry
 from meshnet.tracker.state_store import StoreError
 from meshnet.wire import seam as st
+from meshnet.wire.seam import RouteSession
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import Status, StatusCode
 
@@ -205,25 +206,45 @@ class TrackerService:
         return self._handle("ReportFailure", request, context, tt.RouteReply, work)
 
     def CloseRoute(self, request, context):  # noqa: N802
-        return self._handle("CloseRoute", request, context, tt.CloseRouteReply,
-                            lambda r, caller: tt.CloseRouteReply(self._registry.close_route(r.session, caller)))
+        def work(req: tt.CloseRouteRequest, caller: bytes) -> tt.CloseRouteReply:
+            if req.delivery is not None:  # recorded first: a close the ledger missed would pay the budget
+                problem = self._registry.opener_problem(req.session, caller, "close")
+                if problem is not None:
+                    return tt.CloseRouteReply(problem)
+                assert req.session is not None
+                if req.delivery.prompt_tokens + req.delivery.tokens > MAX_EXPECTED_TOKENS:
+                    return tt.CloseRouteReply(Status(StatusCode.INVALID_ARGUMENT, f"a delivery of more than "
+                                                     f"{MAX_EXPECTED_TOKENS} tokens was never routed"))
+                self._ledger.record_delivery(req.session.session_id, req.delivery.prompt_tokens, req.delivery.tokens)
+            return tt.CloseRouteReply(self._registry.close_route(req.session, caller))
+        return self._handle("CloseRoute", request, context, tt.CloseRouteReply, work)
 
     def RenewRoute(self, request, context):  # noqa: N802
-        return self._handle("RenewRoute", request, context, tt.RenewRouteReply,
-                            lambda r, caller: self._registry.renew_route(r.session, caller))
+        def work(req: tt.RenewRouteRequest, caller: bytes) -> tt.RenewRouteReply:
+            return self._registry.renew_route(req.session, caller, lambda: self._carried_traffic(req.session))
+        return self._handle("RenewRoute", request, context, tt.RenewRouteReply, work)
+
+    def _carried_traffic(self, route: RouteSession) -> bool:
+        """Whether the ledger recorded work for any hop of `route` (at its epoch) within the last
+        route lease. Nodes report work with every heartbeat, so a route in use shows some; one
+        opened and never sent a frame (capacity squatting, issue 35 finding 4) shows none. With
+        replicated trackers this reads the ledger this tracker writes: they share one PostgreSQL
+        ledger (ADR 0011), or a renewal sent to another tracker than the work is refused."""
+        last = self._ledger.last_work_at(route.session_id, route.epoch)
+        return last is not None and last >= time.time() - self._registry.route_lease_ms / 1000
 
     def TakeAudit(self, request, context):  # noqa: N802
         def work(r: tt.TakeAuditRequest, caller: bytes) -> tt.TakeAuditReply:
             if self._audits is None:
                 return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "this tracker runs no audits"))
-            return self._audits.take(r.model_artifact)
+            return self._audits.take(r.model_artifact, caller)
         return self._handle("TakeAudit", request, context, tt.TakeAuditReply, work)
 
     def ReportAudit(self, request, context):  # noqa: N802
         def work(report: tt.ReportAuditRequest, caller: bytes) -> tt.ReportAuditReply:
             if self._audits is None:
                 return tt.ReportAuditReply(Status(StatusCode.NOT_FOUND, "this tracker runs no audits"))
-            return self._audits.report(report)
+            return self._audits.report(report, caller)
         return self._handle("ReportAudit", request, context, tt.ReportAuditReply, work)
 
     def TrackerKey(self, request, context):  # noqa: N802

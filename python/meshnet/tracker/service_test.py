@@ -1,9 +1,13 @@
-"""Issue 35, finding 13: a route the ledger cannot record is withdrawn (its capacity back at once,
+"""The tracker service on loopback, over a real SQLite ledger (or a test fake of it).
+
+Issue 35, finding 13: a route the ledger cannot record is withdrawn (its capacity back at once,
 not at the end of its lease) and the client is told to retry, without any internal text; a
 client_id that is not printable text (a NUL) is refused before anything is written. A real
 tracker on loopback over a test fake ledger whose writes can be made to fail."""
 
 from __future__ import annotations
+
+import time
 
 from meshnet.identity.keys import Identity
 from meshnet.protocol.tracker_client import TrackerClient
@@ -75,6 +79,91 @@ def test_only_the_gateway_bills_to_api_key_accounts(tmp_path):
         with TrackerClient(address, tokens["gateway"], Identity.generate()) as gateway:
             assert gateway.open_route(tt.OpenRouteRequest("smol", "key:alice", 64)).status.code \
                 == StatusCode.UNAVAILABLE
+    finally:
+        server.stop(grace=0).wait()
+        ledger.close()
+
+
+def test_a_route_that_carries_no_traffic_is_not_renewed_and_its_capacity_returns(tmp_path):
+    """Issue 35, finding 4: a client opened routes up to a node's max_sessions, renewed them
+    before each lease ended and never sent a frame, so every other request got 429 for as long
+    as it cared to. Renewal now needs work by a hop of the route (in the ledger) within the last
+    lease: the squatter's route lapses, while an honest route beside it, whose hop reports its
+    work as nodes do with every heartbeat, is renewed."""
+    lease = 1.5
+    ledger = Ledger(tmp_path / "ledger.db")
+    tokens = new_role_tokens()
+    server, port = serve(Registry([MODEL], lease_seconds=30, route_lease_seconds=lease), ledger, "127.0.0.1:0",
+                         tokens, Identity.generate())
+    address = f"127.0.0.1:{port}"
+    try:
+        key = Identity.generate()
+        info = tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama",
+                           Fingerprints("sha256:art", "sha256:rec"), "", tt.LayerRange(0, 30),
+                           tt.Capacity(2, 4096, 0), 30, key.public_key, "")  # two sessions at a time
+        with TrackerClient(address, tokens["node"], key) as node, \
+                TrackerClient(address, tokens["client"], Identity.generate()) as squatter, \
+                TrackerClient(address, tokens["client"], Identity.generate()) as honest:
+            assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), info)).admission == tt.Admission.ROUTABLE
+            squatted = squatter.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            served = honest.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            assert squatted.status.ok and served.status.ok
+            assert squatter.open_route(tt.OpenRouteRequest("smol")).status.code == StatusCode.RESOURCE_EXHAUSTED
+
+            refused = squatter.renew_route(squatted.session)
+            assert refused.status.code == StatusCode.RESOURCE_EXHAUSTED and refused.status.retryable
+            assert "carries traffic" in refused.status.message
+            report = 1
+            deadline = time.monotonic() + 2 * lease
+            while time.monotonic() < deadline:  # the honest hop works and reports; its client renews
+                assert node.report_work(tt.WorkReport(key.node_id, (tt.WorkEntry(served.session, 0, 1),),
+                                                      report)).status.ok
+                report += 1
+                assert honest.renew_route(served.session).status.ok
+                time.sleep(lease / 4)
+            assert squatter.renew_route(squatted.session).status.code == StatusCode.NOT_FOUND  # lapsed
+            again = honest.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))  # its capacity is back
+            assert again.status.ok
+            assert honest.renew_route(served.session).status.ok  # the honest route still lives
+    finally:
+        server.stop(grace=0).wait()
+        ledger.close()
+
+
+def test_close_route_reports_the_delivery_that_caps_the_hops_credit(tmp_path):
+    """Issue 35, finding 7 (its second half): a node was credited up to the route's budget
+    whatever it computed (a session cancelled after 5 tokens was credited 205). The client now
+    reports what it received at CloseRoute; only the route's opener may, with sane counts, and
+    the hop's credit is capped by it. A stranger's report (which would zero the hop's credit) is
+    refused and changes nothing."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    tokens = new_role_tokens()
+    server, port = serve(Registry([MODEL], lease_seconds=30), ledger, "127.0.0.1:0", tokens, Identity.generate())
+    address = f"127.0.0.1:{port}"
+    try:
+        key = Identity.generate()
+        info = tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama",
+                           Fingerprints("sha256:art", "sha256:rec"), "", tt.LayerRange(0, 30),
+                           tt.Capacity(4, 4096, 0), 30, key.public_key, "")
+        with TrackerClient(address, tokens["node"], key) as node, \
+                TrackerClient(address, tokens["client"], Identity.generate()) as client, \
+                TrackerClient(address, tokens["client"], Identity.generate()) as stranger:
+            assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), info)).admission == tt.Admission.ROUTABLE
+            route = client.open_route(tt.OpenRouteRequest("smol", expected_tokens=205))
+            other = client.open_route(tt.OpenRouteRequest("smol", expected_tokens=205))
+            assert route.status.ok and other.status.ok
+            claimed = tt.WorkReport(key.node_id, (tt.WorkEntry(route.session, 10, 195),
+                                                  tt.WorkEntry(other.session, 10, 20)), 1)
+            assert node.report_work(claimed).status.ok  # the whole budget of `route`, though 5 tokens went out
+            forged = stranger.close_route(route.session, tt.Delivery(0, 0))
+            assert forged.status.code == StatusCode.PERMISSION_DENIED
+            huge = client.close_route(route.session, tt.Delivery(1 << 24, 1))
+            assert huge.status.code == StatusCode.INVALID_ARGUMENT
+            assert ledger.totals()[0].decode_tokens == 215  # nothing of either refusal was recorded
+            assert client.close_route(route.session, tt.Delivery(10, 5)).status.ok
+            assert client.close_route(other.session, tt.Delivery(10, 21)).status.ok  # beside it: all its work counts
+            (totals,) = ledger.totals()
+            assert (totals.node_id, totals.prefill_tokens, totals.decode_tokens) == (key.node_id, 20, 5 + 20)
     finally:
         server.stop(grace=0).wait()
         ledger.close()

@@ -103,6 +103,7 @@ class TrackerStore(Protocol):
     def strike(self, node_id: NodeId, base_seconds: float, max_seconds: float) -> None: ...
     def banned(self) -> frozenset[NodeId]: ...
     def quarantine(self, node_id: NodeId) -> None: ...
+    def release(self, node_id: NodeId) -> None: ...  # the operator ended its quarantine (ADR 0016)
     def quarantined(self) -> frozenset[NodeId]: ...
     def close(self) -> None: ...
 
@@ -236,6 +237,10 @@ class EmbeddedStore:
     def quarantine(self, node_id: NodeId) -> None:
         with self._lock:
             self._quarantined.add(node_id)
+
+    def release(self, node_id: NodeId) -> None:
+        with self._lock:
+            self._quarantined.discard(node_id)
 
     def quarantined(self) -> frozenset[NodeId]:
         with self._lock:

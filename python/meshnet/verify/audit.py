@@ -25,6 +25,7 @@ import numpy as np
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
 from meshnet.memory_cap import CappedRunner
+from meshnet.protocol.commitments import COMMITMENTS_DOMAIN
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.model_files import open_model_files
@@ -33,7 +34,6 @@ from meshnet.verify import boundaries
 from meshnet.verify import commitment as cm
 from meshnet.wire import tracker as tt
 
-COMMITMENTS_DOMAIN = b"meshnet-commitments-v1\0"
 MAX_POSITIONS = 4096  # the worker's kMaxAuditPositions
 
 
@@ -58,7 +58,12 @@ class HopCommitments:
     sent: Optional[cm.HiddenCommitment]  # non-last hops
     sampled: Optional[cm.TokenCommitment]  # last hop (token -1: none sampled there)
     temperature: float
-    signed_bytes: int  # the signed body's size: what the commitments cost on the wire
+    signed: tt.SignedCommitments  # as the node signed them: a refutation's proof for the tracker
+
+    @property
+    def signed_bytes(self) -> int:
+        """The signed body's size: what the commitments cost on the wire."""
+        return len(self.signed.body)
 
 
 def _hidden(body: shard_pb2.CommitmentsBody, indices: bytes, values: bytes) -> Optional[cm.HiddenCommitment]:
@@ -87,7 +92,7 @@ def fetch(channel, ticket: shard_pb2.AuditTicket, node_public_key: bytes, start:
                           np.frombuffer(body.input_tokens, dtype="<i4").copy() if body.input_tokens else None,
                           _hidden(body, body.input_indices, body.input_values),
                           _hidden(body, body.output_indices, body.output_values), sampled, body.temperature,
-                          len(reply.body))
+                          tt.SignedCommitments(reply.body, reply.signature))
 
 
 class WrongRecipe(AuditError):

@@ -107,7 +107,16 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
             return tt.ReportAuditRequest(job.audit_id, True, "", verdict.checked_positions, json.dumps(evidence))
         verdict = full
     return tt.ReportAuditRequest(job.audit_id, verdict.passed, verdict.culprit, verdict.checked_positions,
-                                 json.dumps(evidence))
+                                 json.dumps(evidence), proof(fetched, verdict.culprit))
+
+
+def proof(fetched: list[audit.HopCommitments], culprit: str) -> tuple[tt.SignedCommitments, ...]:
+    """What the tracker needs to record a refutation of `culprit` (ADR 0016): its commitments as
+    it signed them, and its upstream hop's (an input refutation compares the two); () if passed."""
+    at = next((i for i, hop in enumerate(fetched) if hop.node_id == culprit), None)
+    if at is None:
+        return ()
+    return tuple(hop.signed for hop in fetched[max(0, at - 1):at + 1])
 
 
 def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
@@ -132,7 +141,11 @@ def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.
             log("audit_refused" if isinstance(err, audit.WrongRecipe) else "audit_failed_to_run",
                 audit_id=job.audit_id, error=str(err))
             continue  # the tracker hands it out again after its report deadline
-        tracker.report_audit(report)
+        answer = tracker.report_audit(report)
+        if not answer.status.ok:
+            log("audit_report_refused", audit_id=job.audit_id, status=answer.status.code.name,
+                message=answer.status.message)
+            continue
         reported += 1
         log("audited", audit_id=job.audit_id, session=job.session.session_id, passed=report.passed,
             culprit=report.culprit_node_id, checked=report.checked_positions)

@@ -218,8 +218,17 @@ class WorkReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class Delivery:
+    """What a route session's client received (CloseRoute): caps its hops' credit."""
+
+    prompt_tokens: int = 0
+    tokens: int = 0  # new tokens, across every epoch
+
+
+@dataclasses.dataclass(frozen=True)
 class CloseRouteRequest:
     session: Optional[RouteSession]
+    delivery: Optional[Delivery] = None  # None: not reported (the hops' credit stays capped by the route's budget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,12 +282,21 @@ class TakeAuditReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class SignedCommitments:
+    """A hop's commitments as it signed them (a serialized CommitmentsBody and its signature)."""
+
+    body: bytes = b""
+    signature: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportAuditRequest:
     audit_id: int
     passed: bool
     culprit_node_id: str = ""
     checked_positions: int = 0
     evidence: str = ""
+    commitments: tuple[SignedCommitments, ...] = ()  # a refutation's proof: the culprit's (and its upstream's)
 
 
 @dataclasses.dataclass(frozen=True)
