@@ -48,6 +48,7 @@ MAX_LAYERS = 4096
 MAX_SESSIONS = 1 << 16
 MAX_KV_TOKENS = 1 << 40
 MAX_EXPECTED_TOKENS = 1 << 24  # one session: prompt + new tokens
+MAX_CLOSES_KEPT = 1 << 16  # nodes whose last route close the registry remembers
 MAX_ID_CHARS = 128
 MAX_CERTIFICATE_CHARS = 8192
 MAX_RELAY_RTT_MS = 60_000.0
@@ -150,7 +151,11 @@ class Registry:
         # Each live node's route candidate with no session of this tracker on it, by node id, and
         # the info and load it was made from (a heartbeat brings a new load): made again only
         # when those change. Replaced on every route choice, so it holds only live nodes.
-        self._idle_candidates: dict[NodeId, tuple[tt.NodeInfo, tt.Load, routing.Candidate]] = {}
+        self._idle_candidates: dict[NodeId, tuple[tt.NodeInfo, tt.Load, bool, routing.Candidate]] = {}
+        # When this tracker last closed a route through each node (registry clock): a heartbeat
+        # older than that counts a session that is gone, so its load is not taken over the
+        # tracker's own count. Bounded: cleared past MAX_CLOSES_KEPT nodes (loads count again).
+        self._closed_at: dict[NodeId, float] = {}
 
     @property
     def models(self) -> frozenset[str]:
@@ -400,6 +405,11 @@ class Registry:
             if session.client_key != caller:
                 return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
             return _error(StatusCode.UNAVAILABLE, "close raced; retry", True)
+        now = self._clock()
+        if len(self._closed_at) > MAX_CLOSES_KEPT:
+            self._closed_at.clear()
+        for hop in closed.hops:
+            self._closed_at[hop.node.node_id] = now
         if closed.hops and audit:
             self._on_close(RouteSession(route.session_id, closed.epoch), closed.model, closed.hops)
         return OK
@@ -509,14 +519,15 @@ class Registry:
                     or node_id in banned or node_id in quarantined):
                 continue
             sessions, tokens = in_use.get(node_id, (0, 0))
+            stale = self._closed_at.get(node_id, float("-inf")) > node.last_heartbeat
             if sessions:
-                candidate = _candidate(node, sessions, backends)
+                candidate = _candidate(node, sessions, backends, stale)
             else:
                 made = cached.get(node_id)
-                if made is None or made[0] is not info or made[1] is not node.load:
-                    made = (info, node.load, _candidate(node, 0, backends))
+                if made is None or made[0] is not info or made[1] is not node.load or made[2] != stale:
+                    made = (info, node.load, stale, _candidate(node, 0, backends, stale))
                 idle[node_id] = made
-                candidate = made[2]
+                candidate = made[3]
             cap = info.capacity or _NO_CAPACITY_LIMITS
             if cap.max_session_tokens and session.expected_tokens > cap.max_session_tokens:
                 too_short.append((candidate, cap.max_session_tokens))
@@ -576,21 +587,25 @@ def _longest_route(usable: list[routing.Candidate], limited: list[tuple[routing.
     return None
 
 
-def _candidate(node: NodeRecord, sessions: int, backends: dict[str, str]) -> routing.Candidate:
+def _candidate(node: NodeRecord, sessions: int, backends: dict[str, str], stale: bool = False) -> routing.Candidate:
     """`backends`: the model's recipe fingerprints -> their compute backends (the node's was
-    admitted against one of them)."""
+    admitted against one of them). `sessions`: this tracker's live routes through the node;
+    `stale`: its last heartbeat predates a route this tracker closed there, so the sessions it
+    reported are not taken over `sessions` (a route just closed is not load)."""
     info, load = node.info, node.load
     served = info.layers.end - info.layers.start
     per_layer = routing.DEFAULT_SECONDS_PER_LAYER
     if load.decode_tokens_per_second > 0:
         per_layer = 1.0 / (load.decode_tokens_per_second * served)
     cap = max(1, (info.capacity.max_sessions if info.capacity else 0) or 1)
-    pressure = max(load.active_sessions, sessions) / cap + load.queue_depth / cap
+    reported = 0 if stale else load.active_sessions
+    pressure = max(reported, sessions) / cap + load.queue_depth / cap
     # A relayed node (ADR 0007) costs its measured round trip to its relay on top of a direct hop.
     rtt = routing.HOP_OVERHEAD_SECONDS + (info.relay_rtt_ms / 1000.0 if info.relay else 0.0)
     return routing.Candidate(info.node_id, info.layers.start, info.layers.end, per_layer, rtt, pressure,
                              runs_suffix=info.backend == tt.BackendKind.REFERENCE,
-                             backend=backends.get(info.fingerprints.runtime_recipe if info.fingerprints else "", "cpu"))
+                             backend=backends.get(info.fingerprints.runtime_recipe if info.fingerprints else "", "cpu"),
+                             measured=load.decode_tokens_per_second > 0)
 
 
 def _not_self(node_id: NodeId, caller: bytes) -> Optional[Status]:

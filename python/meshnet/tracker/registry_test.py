@@ -465,3 +465,28 @@ def test_dark_registrations_are_capped_and_listed_after_serving_nodes(registry):
     assert cover.node_count == MAX_DARK_NODES + 1
     snapshot = registry.snapshot(max_nodes=8)
     assert snapshot.nodes[0].node_id == nid("honest")
+
+
+def test_a_route_just_closed_is_not_load_but_a_newer_heartbeat_is(registry, clock):
+    """A node's heartbeat during a route counts that route's session; once this tracker closed
+    the route, that heartbeat is stale and does not make the node look busier than a relayed
+    replica (which pays its relay round trip): the next route stays on the direct node. A
+    heartbeat after the close is believed again."""
+    register(registry, "direct", 0, 30)
+    register(registry, "relayed", 0, 30, relay="127.0.0.1:9999", relay_rtt_ms=0.8)
+    measured = tt.Load(decode_tokens_per_second=10.0)  # 3.3 ms a layer: a session's share of it outweighs 0.8 ms
+    for name in ("direct", "relayed"):
+        assert registry.heartbeat(nid(name), measured, key(name).public_key).status.ok
+    first = open_route(registry)
+    assert route_names(first) == [("direct", 0, 30)]
+    clock.now += 0.5
+    busy = dataclasses.replace(measured, active_sessions=1)
+    assert registry.heartbeat(nid("direct"), busy, key("direct").public_key).status.ok  # during the route
+    clock.now += 0.1
+    assert registry.close_route(first.session, CLIENT.public_key).ok
+    again = open_route(registry)
+    assert route_names(again) == [("direct", 0, 30)]  # the stale heartbeat's session is gone
+    assert registry.close_route(again.session, CLIENT.public_key).ok
+    clock.now += 0.5
+    assert registry.heartbeat(nid("direct"), busy, key("direct").public_key).status.ok  # a session the tracker did not open
+    assert route_names(open_route(registry)) == [("relayed", 0, 30)]

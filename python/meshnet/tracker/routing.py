@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 from meshnet.wire.ids import NodeId
 
-DEFAULT_SECONDS_PER_LAYER = 0.001  # compute estimate before a node reports telemetry
+DEFAULT_SECONDS_PER_LAYER = 0.001  # compute estimate before any candidate reports telemetry
 HOP_OVERHEAD_SECONDS = 0.002  # serialisation + one network latency on loopback/LAN
 
 
@@ -34,6 +34,7 @@ class Candidate:
     load: float = 0.0  # 0 = idle; active sessions / max sessions, queue pressure
     runs_suffix: bool = False  # the backend can start at any layer of its range (effective start)
     backend: str = "cpu"  # the compute backend of the recipe the node was admitted under (ADR 0014)
+    measured: bool = False  # seconds_per_layer is the node's telemetry, not an estimate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,7 @@ def find_route(candidates: Sequence[Candidate], n_layer: int,
     its own and the cheapest route wins (ties: fewer hops, then the node ids along the path)."""
     if n_layer <= 0:
         raise ValueError(f"n_layer must be positive, got {n_layer}")
+    candidates = estimated(candidates)
     if combinations is None:
         found, reached = _cheapest(candidates, n_layer)
         if found is None:
@@ -109,6 +111,29 @@ def find_route(candidates: Sequence[Candidate], n_layer: int,
     if found is not None:
         raise NoRouteError([], unmixed=True)
     raise NoRouteError(uncovered_ranges(_usable(candidates, n_layer), n_layer), reached)
+
+
+def estimated(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """`candidates`, each unmeasured one (no telemetry yet) costed at the median measured speed
+    of the nodes serving the same range (the layers a range holds, the output head of the last
+    one, make ranges unlike), else of all measured ones: a fixed guess for a new node beat every
+    measured node of a loaded swarm, and sent routes over relayed hops a direct one would have
+    served as fast."""
+    measured = [c for c in candidates if c.measured]
+    if not measured:
+        return list(candidates)
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    overall = median([c.seconds_per_layer for c in measured])
+    out = []
+    for c in candidates:
+        if not c.measured:
+            peers = [m.seconds_per_layer for m in measured if (m.start, m.end) == (c.start, c.end)]
+            c = dataclasses.replace(c, seconds_per_layer=median(peers) if peers else overall)
+        out.append(c)
+    return out
 
 
 def _usable(candidates: Sequence[Candidate], n_layer: int) -> list[Candidate]:

@@ -120,3 +120,18 @@ def test_the_route_is_the_cheapest_of_every_chain():
         cheapest = min(chains, key=key)
         expected = [RouteHop(cand.node_id, entry, cand.end) for cand, entry in cheapest]
         assert find_route(nodes, n_layer) == expected, (trial, nodes)
+
+
+def test_an_unmeasured_node_is_costed_at_its_peers_median_speed():
+    """A node without telemetry yet is estimated at the median measured speed, not a fixed
+    guess: on a loaded swarm the fixed 1 ms per layer beat a measured direct node, and routes
+    went over a relayed hop (its relay round trip on top) where the direct one was as fast."""
+    slow = 0.0015  # measured: 1.5 ms a layer, slower than the fixed guess
+    direct = [c("d0", 0, 10, seconds_per_layer=slow, load=1 / 16, measured=True),
+              c("d1", 10, 20, seconds_per_layer=slow, measured=True), c("d2", 20, 30, seconds_per_layer=slow, measured=True)]
+    relayed = c("r2", 20, 30, rtt_seconds=0.002 + 0.0008)  # no telemetry: the default estimate
+    assert [h.node_id for h in find_route(direct + [relayed], 30)] == ["d0", "d1", "d2"]
+    fast = c("d2", 20, 30, seconds_per_layer=0.0001, measured=True)
+    assert find_route([fast, relayed, *direct[:2]], 30)[-1].node_id == "d2"
+    unmeasured = [c("a", 0, 30), c("b", 0, 30, seconds_per_layer=0.0005)]  # nobody measured: as given
+    assert find_route(unmeasured, 30)[0].node_id == "b"
