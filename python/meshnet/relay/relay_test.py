@@ -207,7 +207,9 @@ def test_an_idle_agent_keeps_its_allocation(shard, relay_tls):
 def test_silent_connections_cannot_fill_an_allocation(shard, relay_tls):
     """Issue 35, finding 8: a few dozen silent TCP connections from anyone filled a relayed
     node's allocation and cut every honest peer off. Now one address holds at most
-    max_connections_per_peer of them, each for hello_seconds, and the node never hears of them."""
+    max_connections_per_peer of them, each for hello_seconds, and the node never hears of them;
+    an honest address's piped connections are not held to that cap (the soak's finding: a
+    gateway's streams to a relayed hop, all from one address, were refused past 8)."""
     relay = start_relay(relay_tls, hello_seconds=0.5, max_connections_per_peer=4)
     agent = start_agent(relay, relay_tls, shard)
     host, port = agent.address.rsplit(":", 1)
@@ -225,6 +227,14 @@ def test_silent_connections_cannot_fill_an_allocation(shard, relay_tls):
                 pass
         assert time.monotonic() - started < 3
         assert relay.stats.refused >= 70 and agent.pipes == 1  # only the honest connection was piped
+        # The cap counts connections waiting to be piped: an honest peer's many connections are
+        # piped as they come (a gateway's streams to a relayed last hop), past the cap of 4.
+        channels = [pinned_channel(agent.address, shard[1]) for _ in range(6)]
+        try:
+            assert [diag.ping(channel, timeout=10).server for channel in channels] == ["shard-behind-nat"] * 6
+        finally:
+            for channel in channels:
+                channel.close()
     finally:
         for s in silent:
             s.close()

@@ -15,7 +15,7 @@ node role's token) the caller must also hold it. Bounds, checked before anything
 at most `max_nodes` allocations and `max_nodes_per_peer` attached from one address, an
 allocation closed unless its node registers at it with the tracker within `register_seconds`
 (when the relay can ask: `registered`), `max_connections_per_node` open connections per
-allocation and `max_connections_per_peer` from one address (more are closed at once), a connection that
+allocation and `max_connections_per_peer` not yet piped from one address (more are closed at once), a connection that
 sends nothing within `hello_seconds` is closed before the node hears of it, one the node does
 not pipe within `accept_seconds` is closed, and a Chunk is at most CHUNK_BYTES. The relay runs
 its own asyncio loop in a thread, so the tracker or a node can host it beside their synchronous
@@ -77,7 +77,7 @@ class RelayLimits:
     keepalive_ms: int = KEEPALIVE_MS  # the agents' ping interval, which the relay accepts
     accept_seconds: float = 10.0  # a connection the node has not piped by then is closed
     hello_seconds: float = 5.0  # a peer's first bytes (its TLS ClientHello) must come by then, or it is closed
-    max_connections_per_peer: int = 8  # open connections from one IP address to one allocation
+    max_connections_per_peer: int = 8  # connections from one IP address waiting to be piped (silent ones included)
     max_nodes_per_peer: int = 4  # allocations held from one IP address (one host's nodes)
     register_seconds: float = 30.0  # with a registration check: an allocation no node registered by then is closed
 
@@ -320,14 +320,16 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
 
     async def _on_connection(self, allocation: _Allocation, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
-        """A peer's connection to `allocation`: refused at once past the per-node or per-peer cap;
+        """A peer's connection to `allocation`: refused at once past the per-node cap, or past the
+        per-peer cap on connections not yet piped (an honest peer's connections are piped at once,
+        so a gateway or hop with many streams to the node is not held to it; silent ones are);
         closed if it sends nothing within hello_seconds (issue 35, finding 8: silent connections
         filled an allocation); then offered to the node, which must pipe it within accept_seconds."""
         limits = allocation.limits
         address = writer.get_extra_info("peername")
         peer = address[0] if address else ""
-        if len(allocation.open) >= limits.max_connections_per_node or \
-                sum(c.peer == peer for c in allocation.open) >= limits.max_connections_per_peer:
+        waiting = sum(c.peer == peer and not c.claimed.done() for c in allocation.open)
+        if len(allocation.open) >= limits.max_connections_per_node or waiting >= limits.max_connections_per_peer:
             self.stats.refused += 1
             writer.close()
             return

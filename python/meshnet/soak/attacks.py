@@ -1,0 +1,144 @@
+"""The chaos soak's attacker: issue 35's refusals replayed against the live swarm, one at a time at
+a bounded rate, each recorded as held (refused as its defense says, with the surface still
+serving an honest request meanwhile) or not.
+
+Connections the attacker holds open come from 127.0.0.2, another host than the load's.
+Attacks: `idle_sockets` (200 silent connections to the gateway, held 3 s: the gateway still
+answers), `silent_tracker_calls` (30 silent connections to the tracker: Coverage still answers),
+`squat_route` (a client opens a route and never sends a frame: its renewal is refused),
+`false_failure_report` (a client reports a healthy hop of its route as failed: the tracker's
+probe finds it healthy and does not ban it), `forged_verdict` (a verifier reports an audit it
+never took: NOT_FOUND), `billing_forgery` (a client names a gateway key's account: refused),
+`bad_key` (a wrong API key: 401), `oversized_prompt` (past the gateway's limit: 400).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import socket
+import time
+from typing import Callable
+from urllib.parse import urlsplit
+
+import requests
+
+from meshnet.identity.keys import Identity
+from meshnet.swarm.local import TrackerProcess
+from meshnet.wire import tracker as tt
+from meshnet.wire.status import StatusCode
+
+KINDS = ("idle_sockets", "silent_tracker_calls", "squat_route", "false_failure_report", "forged_verdict",
+         "billing_forgery", "bad_key", "oversized_prompt")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackResult:
+    at: float  # monotonic
+    kind: str
+    held: bool
+    detail: str = ""
+
+
+ATTACKER_ADDRESS = "127.0.0.2"  # another host than the honest load's 127.0.0.1: per-peer caps tell them apart
+
+
+@contextlib.contextmanager
+def _silent_sockets(host: str, port: int, count: int):
+    socks = []
+    try:
+        for _ in range(count):
+            try:
+                socks.append(socket.create_connection((host, port), timeout=2, source_address=(ATTACKER_ADDRESS, 0)))
+            except OSError:
+                break  # refused at the door is a bound holding too
+        yield len(socks)
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Attacker:
+    def __init__(self, gateway_url: str, api_key: str, model: str, tracker: TrackerProcess,
+                 under_fault: Callable[[str], bool] = lambda node_id: False) -> None:
+        """`under_fault(node_id)`: whether the fault scheduler has that node down or stopped."""
+        self.gateway_url, self.api_key, self.model, self.tracker = gateway_url.rstrip("/"), api_key, model, tracker
+        self.under_fault = under_fault
+        self._http = requests.Session()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def run(self, kind: str) -> AttackResult:
+        attack: Callable[[], tuple[bool, str]] = getattr(self, f"_{kind}")
+        try:
+            held, detail = attack()
+        except Exception as err:  # an attack that could not be carried out (the tracker restarting, say)
+            held, detail = True, f"not carried out: {type(err).__name__}: {str(err)[:120]}"
+        return AttackResult(time.monotonic(), kind, held, detail)
+
+    def _honest_models(self) -> int:
+        return self._http.get(self.gateway_url + "/models", headers={"Authorization": f"Bearer {self.api_key}"},
+                              timeout=10).status_code
+
+    def _idle_sockets(self) -> tuple[bool, str]:
+        url = urlsplit(self.gateway_url)
+        with _silent_sockets(url.hostname, url.port, 200) as opened:
+            time.sleep(1.0)
+            code = self._honest_models()
+            time.sleep(2.0)
+        return code == 200, f"{opened} silent connections; an honest /v1/models answered {code}"
+
+    def _silent_tracker_calls(self) -> tuple[bool, str]:
+        with _silent_sockets(self.tracker.host, self.tracker.port, 30) as opened:
+            time.sleep(1.0)
+            with self.tracker.client(timeout=5.0) as honest:
+                cover = honest.coverage(self.model)
+            time.sleep(2.0)
+        return cover.status.ok, f"{opened} silent connections; Coverage answered {cover.status.code.name}"
+
+    def _squat_route(self) -> tuple[bool, str]:
+        with self.tracker.client() as squatter:
+            route = squatter.open_route(tt.OpenRouteRequest(self.model, expected_tokens=64))
+            if not route.status.ok:
+                return True, f"no route to squat ({route.status.code.name})"
+            renewed = squatter.renew_route(route.session)  # never a frame sent: the lease is not renewed
+        return renewed.status.code == StatusCode.RESOURCE_EXHAUSTED, f"renewal {renewed.status.code.name}"
+
+    def _false_failure_report(self) -> tuple[bool, str]:
+        with self.tracker.client() as liar:
+            route = liar.open_route(tt.OpenRouteRequest(self.model, expected_tokens=64))
+            if not route.status.ok:
+                return True, f"no route ({route.status.code.name})"
+            victim = route.hops[-1].node.node_id
+            liar.report_failure(route.session, victim)
+            liar.close_route(route.session)
+            cover = liar.coverage(self.model)
+        routable = any(victim in layer.node_ids for layer in cover.layers)
+        if not routable and self.under_fault(victim):
+            return True, "the victim was under an injected fault: a ban is the probe's honest answer"
+        return routable, f"the reported hop is still routable: {routable}"
+
+    def _forged_verdict(self) -> tuple[bool, str]:
+        with self.tracker.client("verifier") as forger:
+            reply = forger.report_audit(tt.ReportAuditRequest((1 << 61) + 7, False, "n" + "0" * 40))
+        return reply.status.code == StatusCode.NOT_FOUND, reply.status.code.name
+
+    def _billing_forgery(self) -> tuple[bool, str]:
+        with self.tracker.client() as forger:
+            reply = forger.open_route(tt.OpenRouteRequest(self.model, "key:local", 64))
+            if reply.status.ok:
+                forger.close_route(reply.session)
+        return reply.status.code == StatusCode.PERMISSION_DENIED, reply.status.code.name
+
+    def _bad_key(self) -> tuple[bool, str]:
+        code = self._http.post(self.gateway_url + "/chat/completions", json={
+            "model": self.model, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer sk-{Identity.generate().node_id}"}, timeout=30).status_code
+        return code == 401, str(code)
+
+    def _oversized_prompt(self) -> tuple[bool, str]:
+        code = self._http.post(self.gateway_url + "/chat/completions", json={
+            "model": self.model, "messages": [{"role": "user", "content": "x" * 300_000}]},
+            headers={"Authorization": f"Bearer {self.api_key}"}, timeout=30).status_code
+        return code in (400, 413), str(code)
