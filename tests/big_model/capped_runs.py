@@ -15,11 +15,15 @@ from typing import Callable, Sequence
 from meshnet.certify.route_parity import route_parity
 from meshnet.certify.streamed import greedy_matches_teacher_forced
 from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.identity.keys import Identity
 from meshnet.memory_cap import CappedRunner, MemoryCap, evict_from_page_cache
 from meshnet.recipe.cut_model import cut
 from meshnet.recipe.model_files import open_model_files
 from meshnet.swarm.local import LocalSwarm
 from meshnet.verify import audit, verifier
+
+VERIFIERS = (Identity.generate(), Identity.generate())  # the tracker quarantines on two keys' refutations
+
 
 def capped_route(gguf: Path, parts: Sequence[Path], cuts: Sequence[tuple[int, int]], caps: Sequence[int], *,
                  model: str, prompts: Sequence[Sequence[int]], tokens: int, worker: Path, greedy: Path,
@@ -93,11 +97,19 @@ def audit_cheaters(workdir: Path, gguf: Path, parts: Sequence[Path], cuts: Seque
                     for _ in session.generate(encode(prompt), GenerationParams(max_tokens=tokens)):
                         hops = hops or [h.node.node_id for h in session._connection.hops]
                 reports = []
-                with swarm.tracker.client("verifier") as tracker:
-                    while (reply := tracker.take_audit(replayers[0].artifact)).job is not None:
-                        reports.append(verifier.run_audit(reply.job, replayers, tolerance, positions=16,
-                                                          seed=reply.job.audit_id))
-                        tracker.report_audit(reports[-1])
+                # Two verifier keys: a refutation by one is confirmed by the other (ADR 0016's quorum).
+                with swarm.tracker.client("verifier", VERIFIERS[0]) as first, \
+                        swarm.tracker.client("verifier", VERIFIERS[1]) as second:
+                    took = True
+                    while took:
+                        took = False
+                        for tracker in (first, second):
+                            if (reply := tracker.take_audit(replayers[0].artifact)).job is None:
+                                continue
+                            took = True
+                            reports.append(verifier.run_audit(reply.job, replayers, tolerance, positions=16,
+                                                              seed=reply.job.audit_id))
+                            tracker.report_audit(reports[-1])
                 return hops, reports
 
             _, honest = audited_session(prompts[0])
