@@ -21,6 +21,13 @@ from meshnet.wire.status import StatusCode
 MODEL = CertifiedModel("smol", "llama", 30, "sha256:art", "sha256:rec")
 
 
+def node_info(key: Identity, sessions: int) -> tt.NodeInfo:
+    """A whole-model GGUF node of MODEL that takes `sessions` sessions at a time."""
+    return tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama",
+                       Fingerprints("sha256:art", "sha256:rec"), "", tt.LayerRange(0, 30),
+                       tt.Capacity(sessions, 4096, 0), 30, key.public_key, "")
+
+
 class FailingLedgerFake(Ledger):
     """Test fake: a real SQLite ledger whose `issue` raises while `failing` is set, as a
     PostgreSQL ledger does when the database refuses a write."""
@@ -41,9 +48,7 @@ def test_a_route_the_ledger_cannot_record_is_withdrawn_and_its_capacity_returns(
     address = f"127.0.0.1:{port}"
     try:
         key = Identity.generate()
-        info = tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama",
-                           Fingerprints("sha256:art", "sha256:rec"), "", tt.LayerRange(0, 30),
-                           tt.Capacity(1, 4096, 0), 30, key.public_key, "")  # one session at a time
+        info = node_info(key, 1)  # one session at a time
         with TrackerClient(address, tokens["node"], key) as node:
             assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), info)).admission == tt.Admission.ROUTABLE
         with TrackerClient(address, tokens["gateway"], Identity.generate()) as client:
@@ -98,9 +103,7 @@ def test_a_route_that_carries_no_traffic_is_not_renewed_and_its_capacity_returns
     address = f"127.0.0.1:{port}"
     try:
         key = Identity.generate()
-        info = tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama",
-                           Fingerprints("sha256:art", "sha256:rec"), "", tt.LayerRange(0, 30),
-                           tt.Capacity(2, 4096, 0), 30, key.public_key, "")  # two sessions at a time
+        info = node_info(key, 2)  # two sessions at a time
         with TrackerClient(address, tokens["node"], key) as node, \
                 TrackerClient(address, tokens["client"], Identity.generate()) as squatter, \
                 TrackerClient(address, tokens["client"], Identity.generate()) as honest:
@@ -142,9 +145,7 @@ def test_close_route_reports_the_delivery_that_caps_the_hops_credit(tmp_path):
     address = f"127.0.0.1:{port}"
     try:
         key = Identity.generate()
-        info = tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama",
-                           Fingerprints("sha256:art", "sha256:rec"), "", tt.LayerRange(0, 30),
-                           tt.Capacity(4, 4096, 0), 30, key.public_key, "")
+        info = node_info(key, 4)
         with TrackerClient(address, tokens["node"], key) as node, \
                 TrackerClient(address, tokens["client"], Identity.generate()) as client, \
                 TrackerClient(address, tokens["client"], Identity.generate()) as stranger:
