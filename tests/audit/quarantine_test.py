@@ -9,15 +9,20 @@ routed again, shown as such in the coverage) with its credit for the audited ses
   Q4_0 served as the certified Q4_1), at a 5% audit rate with seed 7: quarantined within its
   stated number of audited sessions (AUDITS_TO_QUARANTINE), blamed on it and no other hop by both
   verifier keys (the tracker's quorum, ADR 0016, each refutation with the culprit's signed
-  commitments), and that session's credit withheld."""
+  commitments), and that session's credit withheld.
+The tracker serves as verifiers only the two keys the operator enrolled (ADR 0017)."""
 
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
+import grpc
+import pytest
 
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.identity.keys import Identity
@@ -38,9 +43,24 @@ VERIFIERS = (Identity.generate(), Identity.generate())
 
 
 def swarm_with(tmp: Path, gguf: Path, rate: float, seed: int, replicas: bool) -> LocalSwarm:
-    swarm = LocalSwarm(tmp, gguf, CUTS, backend="gguf", worker_binary=Path(os.environ["MESHNET_WORKER_BINARY"]))
+    """The swarm, its tracker serving only the two VERIFIERS as verifiers: the operator enrolls
+    them with the principals command before it starts (ADR 0017), and a minted key is refused."""
+    swarm = LocalSwarm(tmp, gguf, CUTS, backend="gguf", worker_binary=Path(os.environ["MESHNET_WORKER_BINARY"]),
+                       tracker_args=["--enrolled-roles", "verifier"])
     swarm.tracker.audit_rate, swarm.tracker.audit_seed = rate, seed
+    Ledger(swarm.tracker.db).close()
+    for key in VERIFIERS:
+        subprocess.run([sys.executable, "-m", "meshnet.tracker.principals", "enroll", "--db", str(swarm.tracker.db),
+                        "verifier", key.public_key.hex()], check=True, capture_output=True,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     swarm.start()
+    try:
+        with swarm.tracker.client("verifier", Identity.generate()) as minted, pytest.raises(grpc.RpcError) as refused:
+            minted.take_audit()
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    except BaseException:
+        swarm.stop()
+        raise
     if replicas:
         for i, cut in enumerate(CUTS):
             swarm.add_node(f"replica-{i}", cut, wait=False)

@@ -48,7 +48,9 @@ def info(keys, name, start, end, *, architecture="llama", recipe="sha256:rec", s
 
 @pytest.fixture
 def tracker(tmp_path):
-    proc = TrackerProcess(tmp_path, [MODEL], lease_seconds=LEASE).start()
+    # one client key opens 100 routes at once below: more than a principal's default quota (ADR 0017)
+    proc = TrackerProcess(tmp_path, [MODEL], lease_seconds=LEASE,
+                          extra_args=["--max-routes-per-principal", "128"]).start()
     yield proc
     assert proc.stop() == 0
 

@@ -49,6 +49,7 @@ MAX_PENDING = 1024
 MAX_IN_FLIGHT_PER_VERIFIER = 2  # audits one verifier key holds untaken by others
 DEFAULT_QUORUM = 2  # distinct verifier keys whose refutations of one hop quarantine it
 MAX_EVIDENCE_CHARS = 64 * 1024
+MAX_REFUTATION_COMMITMENTS = 2  # the culprit's, and its upstream hop's when its input was refuted
 DEFAULT_RATE = 0.05
 ARTIFACT = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -149,6 +150,9 @@ class Audits:
         if len(request.evidence) > MAX_EVIDENCE_CHARS:
             return tt.ReportAuditReply(Status(StatusCode.INVALID_ARGUMENT,
                                               f"evidence exceeds {MAX_EVIDENCE_CHARS} characters"))
+        if len(request.commitments) > MAX_REFUTATION_COMMITMENTS:  # checked before any signature is
+            return tt.ReportAuditReply(Status(StatusCode.INVALID_ARGUMENT, f"a refutation carries at most "
+                                              f"{MAX_REFUTATION_COMMITMENTS} signed commitments"))
         with self._lock:
             job = self._in_flight.get(request.audit_id)
             if job is None:

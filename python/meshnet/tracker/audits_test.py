@@ -14,7 +14,7 @@ from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
 from meshnet.protocol.commitments import COMMITMENTS_DOMAIN
 from meshnet.shard.v1 import shard_pb2
-from meshnet.tracker.audits import MAX_EVIDENCE_CHARS, MAX_IN_FLIGHT_PER_VERIFIER, Audits
+from meshnet.tracker.audits import MAX_EVIDENCE_CHARS, MAX_IN_FLIGHT_PER_VERIFIER, MAX_REFUTATION_COMMITMENTS, Audits
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.wire import tracker as tt
@@ -112,6 +112,8 @@ def test_refused_reports_change_nothing_and_an_honest_one_beside_them_lands(setu
     other_hop = (signed(hops[0], route),)  # signed, but not the culprit's
     assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, "{}", other_hop)) == \
         StatusCode.INVALID_ARGUMENT
+    padded = proof * (MAX_REFUTATION_COMMITMENTS + 1)  # a valid proof, repeated past the bound
+    assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, "{}", padded)) == StatusCode.INVALID_ARGUMENT
     garbage = (tt.SignedCommitments(b"\xff\xff", b"s" * 64),)
     assert code(tt.ReportAuditRequest(job.audit_id, False, culprit, 32, "{}", garbage)) == StatusCode.INVALID_ARGUMENT
     assert ledger.quarantined() == set() and registry.quarantined == frozenset() and ledger.audits() == []

@@ -5,6 +5,8 @@ audits.py for verdicts; by the tracker's web endpoints (web.py, metrics.py) for 
 the command line:
   python -m meshnet.tracker.ledger (--db tracker.db | --ledger postgresql://...) totals [by-node | by-client]
   python -m meshnet.tracker.ledger (--db tracker.db | --ledger postgresql://...) release NODE_ID
+It also keeps the operator's enrolled principals (tracker/principals.py, ADR 0017): the accounts
+that quotas and billing attach to live beside the bill.
 Each issued triple carries the route's client_id (as its opener named it: a gateway opens routes
 as "key:<API key name>"), so work is attributed per node and per client.
 This module holds the rules; a store holds the rows (ledger_store.py): a SQLite file, the
@@ -32,6 +34,7 @@ from typing import Iterable, Optional, Sequence
 
 from meshnet.tracker.ledger_postgres import PostgresLedgerStore, is_postgres_url
 from meshnet.tracker.ledger_sqlite import SqliteLedgerStore
+from meshnet.tracker.principals import Enrolment
 from meshnet.tracker.ledger_store import LedgerStore, LedgerUnavailable, Sql
 from meshnet.wire.status import StatusCode
 from meshnet.wire.tracker import WorkEntry
@@ -234,6 +237,25 @@ class Ledger:
         return self._store.read(lambda sql: sql.execute(
             "SELECT MAX(recorded_at) FROM work WHERE session_id = ? AND epoch = ?", (session_id, epoch)).fetchone()[0])
 
+    def enroll(self, enrolment: Enrolment) -> None:
+        """Enrolls a key for a role (ADR 0017); enrolling it again replaces its name and quota."""
+        self._store.write(lambda sql: sql.execute(
+            "INSERT INTO principals (public_key, role, name, max_routes, enrolled_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (public_key, role) DO UPDATE SET name = excluded.name, max_routes = excluded.max_routes, "
+            "enrolled_at = excluded.enrolled_at",
+            (enrolment.public_key.hex(), enrolment.role, enrolment.name, enrolment.max_routes, enrolment.enrolled_at)))
+
+    def revoke(self, public_key: bytes) -> int:
+        """Removes every enrolment of `public_key`; how many there were."""
+        return self._store.write(lambda sql: sql.execute(
+            "DELETE FROM principals WHERE public_key = ?", (public_key.hex(),)).rowcount)
+
+    def enrolments(self) -> list[Enrolment]:
+        """Every enrolled key, oldest first."""
+        rows = self._store.read(lambda sql: sql.execute(
+            "SELECT public_key, role, name, max_routes, enrolled_at FROM principals ORDER BY enrolled_at").fetchall())
+        return [Enrolment(bytes.fromhex(key), role, name, max_routes, at) for key, role, name, max_routes, at in rows]
+
     def sessions(self) -> set[str]:
         return self._store.read(lambda sql: {row[0] for row in sql.execute("SELECT DISTINCT session_id FROM work")})
 
@@ -269,11 +291,29 @@ def _limited(sql: Sql, query: str, limit: Optional[int]) -> list[tuple]:
     return sql.execute(query + " LIMIT ?", (limit,)).fetchall() if limit is not None else sql.execute(query).fetchall()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Read the tracker's work ledger.")
+def add_location_arguments(parser: argparse.ArgumentParser) -> None:
+    """--db or --ledger: where a command line finds the tracker's ledger."""
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="the SQLite ledger file")
     where.add_argument("--ledger", metavar="URL", help="the PostgreSQL ledger: postgresql://USER@HOST:PORT/DATABASE")
+
+
+def open_ledger(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Ledger:
+    """The ledger add_location_arguments named; a usage error (exit 2) when there is none."""
+    if args.db is not None and not args.db.exists():
+        parser.error(f"no ledger at {args.db}")
+    if args.ledger is not None and not is_postgres_url(args.ledger):
+        parser.error("--ledger takes a postgresql:// URL (a SQLite file is --db)")
+    try:
+        return Ledger(args.db if args.db is not None else args.ledger)
+    except LedgerUnavailable as err:
+        parser.error(str(err))
+        raise  # parser.error exits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Read the tracker's work ledger.")
+    add_location_arguments(parser)
     parser.add_argument("command", choices=["totals", "release"],
                         help="totals [by-node|by-client]: tokens and sessions per node (default) or per client_id "
                         "of the routes; release NODE_ID: end a node's quarantine (the operator's call, ADR 0016)")
@@ -283,14 +323,7 @@ def main() -> None:
         parser.error(f"totals takes by-node or by-client, not {args.what!r}")
     if args.command == "release" and not args.what:
         parser.error("release takes the quarantined node's id")
-    if args.db is not None and not args.db.exists():
-        parser.error(f"no ledger at {args.db}")
-    if args.ledger is not None and not is_postgres_url(args.ledger):
-        parser.error("--ledger takes a postgresql:// URL (a SQLite file is --db)")
-    try:
-        ledger = Ledger(args.db if args.db is not None else args.ledger)
-    except LedgerUnavailable as err:
-        parser.error(str(err))
+    ledger = open_ledger(parser, args)
     if args.command == "release":
         quarantined = args.what in ledger.quarantined()
         removed = ledger.release(args.what)

@@ -98,6 +98,14 @@ CREATE TABLE IF NOT EXISTS withheld (
     audit_id BIGINT NOT NULL,
     PRIMARY KEY (session_id, epoch, node_id)
 );
+CREATE TABLE IF NOT EXISTS principals (
+    public_key TEXT NOT NULL,
+    role TEXT NOT NULL,
+    name TEXT NOT NULL,
+    max_routes BIGINT NOT NULL,
+    enrolled_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (public_key, role)
+);
 """
 
 

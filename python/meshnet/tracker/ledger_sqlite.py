@@ -72,6 +72,14 @@ CREATE TABLE IF NOT EXISTS withheld (
     audit_id INTEGER NOT NULL,
     PRIMARY KEY (session_id, epoch, node_id)
 );
+CREATE TABLE IF NOT EXISTS principals (
+    public_key TEXT NOT NULL,
+    role TEXT NOT NULL,
+    name TEXT NOT NULL,
+    max_routes INTEGER NOT NULL,
+    enrolled_at REAL NOT NULL,
+    PRIMARY KEY (public_key, role)
+);
 """
 
 

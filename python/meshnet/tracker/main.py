@@ -14,9 +14,13 @@ HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sen
 tracker cannot reach to a relay. `--audit-rate` (default 0.05) of closed route sessions are
 queued for the verifier role (ADR 0008); a hop is quarantined when `--audit-quorum` (default 2)
 verifier keys refute it (ADR 0016), and the ledger, the quarantine's record, is read again every
-QUARANTINE_SYNC_SECONDS (an operator's `ledger release NODE_ID` takes effect). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
-sessions, bans and the quarantine in etcd under `--etcd-prefix`, shared by every tracker given the
-same cluster and prefix (ADR 0011); without it the state is in memory (one tracker).
+QUARANTINE_SYNC_SECONDS (an operator's `ledger release NODE_ID` takes effect). Every calling
+key is a principal with quotas (`--max-routes-per-principal`, `--failure-reports-per-minute`);
+for the roles in `--enrolled-roles` only keys the operator enrolled in the ledger are served
+(`python -m meshnet.tracker.principals enroll ROLE KEY`, read again every
+QUARANTINE_SYNC_SECONDS; ADR 0017). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
+sessions, bans and the quarantine in etcd under `--etcd-prefix`, shared by every tracker given
+the same cluster and prefix (ADR 0011); without it the state is in memory (one tracker).
 `--etcd-ca/--etcd-cert/--etcd-key` speak to etcd over TLS with a client certificate (etcd's
 --client-cert-auth); without them, plain http on a network only trackers reach. SIGTERM/SIGINT
 stop it gracefully; logs are JSON lines on stderr.
@@ -37,12 +41,13 @@ from meshnet.tracker.etcd_store import DEFAULT_PREFIX, EtcdStore
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.ledger_postgres import is_postgres_url
 from meshnet.tracker.metrics import TrackerMetrics
+from meshnet.tracker.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE, DEFAULT_MAX_ROUTES, Principals
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.probe import health_fails
 from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
 from meshnet.tracker.state_store import StoreError
 
-QUARANTINE_SYNC_SECONDS = 5.0
+QUARANTINE_SYNC_SECONDS = 5.0  # how often the ledger's quarantines and enrolments are read
 
 
 def load_models(path: Path, allow_uncertified: bool = False) -> list[CertifiedModel]:
@@ -115,6 +120,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--audit-quorum", type=int, default=DEFAULT_QUORUM,
                         help="distinct verifier keys that must refute the same hop before it is quarantined and its "
                         "credit withheld (ADR 0016)")
+    parser.add_argument("--enrolled-roles", default="", metavar="ROLE,...",
+                        help="roles whose keys must be enrolled in the ledger (client, gateway, verifier; "
+                        "python -m meshnet.tracker.principals enroll); default none: any key with the role's token")
+    parser.add_argument("--max-routes-per-principal", type=int, default=DEFAULT_MAX_ROUTES,
+                        help="routes one key may hold open at once, unless its enrolment names its own quota")
+    parser.add_argument("--failure-reports-per-minute", type=int, default=DEFAULT_FAILURE_REPORTS_PER_MINUTE,
+                        help="failure reports one key may make in any minute")
     parser.add_argument("--etcd", metavar="HOST:PORT,...",
                         help="keep the tracker state in this etcd cluster (its members' client addresses), shared "
                         "with the other trackers on it (ADR 0011); default: in memory, this tracker alone")
@@ -157,19 +169,26 @@ def main(argv: list[str] | None = None) -> None:
         ledger = Ledger(args.db if args.db is not None else args.ledger)
     except StoreError as err:  # LedgerUnavailable: the database cannot be reached (named without its password)
         parser.error(f"--ledger: {err}")
+    try:
+        principals = Principals([r for r in args.enrolled_roles.split(",") if r],
+                                default_max_routes=args.max_routes_per_principal,
+                                failure_reports_per_minute=args.failure_reports_per_minute,
+                                enrolments=ledger.enrolments())
+    except ValueError as err:
+        parser.error(str(err))
     ticket_key = Identity.load_or_create(args.ticket_key)
     audits: list[Audits] = []  # made after the registry, which calls it when a route closes
     registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
                         ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds,
                         quarantined=ledger.quarantined(), on_close=lambda *closed: audits[0].consider(*closed),
-                        store=store, corroborate=health_fails)
+                        store=store, corroborate=health_fails, route_quota=principals.route_quota)
     audits.append(Audits(registry, ledger, ticket_key, rate=args.audit_rate, seed=args.audit_seed,
                          ticket_seconds=args.ticket_seconds, quorum=args.audit_quorum))
     metrics = TrackerMetrics(registry, ledger)
     try:
         server, port = serve(registry, ledger, args.listen, roles, ticket_key, tls=tls,
                              ticket_seconds=args.ticket_seconds, metrics=metrics,
-                             check_reachability=args.check_reachability, audits=audits[0])
+                             check_reachability=args.check_reachability, audits=audits[0], principals=principals)
         http = web.serve(metrics, args.http_listen) if args.http_listen else None
         relay = None
         if args.relay:
@@ -179,18 +198,21 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(err))
     log("listening", address=args.listen, port=port, ledger=ledger.location, models=[m.model for m in models],
         tls=tls is not None, http=http.url if http else None, etcd=args.etcd, etcd_prefix=args.etcd_prefix,
-        etcd_tls=bool(args.etcd_ca))
+        etcd_tls=bool(args.etcd_ca), enrolled_roles=sorted(principals.enrolled_roles),
+        enrolled_keys=len(principals.enrolled()))
     if http is not None:
         write_port_file(args.http_port_file, http.port)
     if relay is not None:
         write_port_file(args.relay_port_file, relay.port)
     stop = stop_on_signals()  # before the port file: a launcher may signal as soon as it sees it
     write_port_file(args.port_file, port)
-    while not stop.wait(QUARANTINE_SYNC_SECONDS):  # the ledger is the quarantine's record (an operator's release)
+    # The ledger is the record of quarantines (an operator's release) and enrolments (principals.py).
+    while not stop.wait(QUARANTINE_SYNC_SECONDS):
         try:
             registry.sync_quarantine(ledger.quarantined())
+            principals.sync(ledger.enrolments())
         except StoreError as err:
-            log("quarantine_sync_failed", error=str(err))
+            log("ledger_sync_failed", error=str(err))
     log("stopping")
     if http is not None:
         http.stop()

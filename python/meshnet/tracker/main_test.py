@@ -31,8 +31,11 @@ def test_a_certified_entry_is_served(tmp_path):
     (["--etcd-ca", "ca.pem", "--etcd-cert", "c.pem", "--etcd-key", "c.key"], "need --etcd"),
     (["--etcd", "127.0.0.1:2379", "--etcd-ca", "missing.pem", "--etcd-cert", "c.pem", "--etcd-key", "c.key"],
      "is not a readable file"),
+    (["--enrolled-roles", "client,node"], "are not enrolled by key"),  # a node's key is its node id
+    (["--max-routes-per-principal", "0"], "route quota must be in"),
+    (["--failure-reports-per-minute", "0"], "at least 1"),
 ])
-def test_etcd_tls_flags_are_checked_before_anything_starts(tmp_path, capsys, flags, message):
+def test_flags_are_checked_before_anything_starts(tmp_path, capsys, flags, message):
     (tmp_path / "roles.json").write_text(json.dumps({"node": "n", "client": "c"}))
     with pytest.raises(SystemExit) as exit_:
         main(["--insecure", "--db", str(tmp_path / "ledger.db"), "--listen", "127.0.0.1:0",

@@ -127,20 +127,23 @@ class Registry:
                  clock: Callable[[], float] = time.monotonic, quarantined: Iterable[NodeId] = (),
                  on_close: Callable[[RouteSession, str, tuple[tt.Hop, ...]], None] = lambda route, model, hops: None,
                  store: Optional[TrackerStore] = None,
-                 corroborate: Callable[[tt.NodeInfo], bool] = lambda node: True) -> None:
+                 corroborate: Callable[[tt.NodeInfo], bool] = lambda node: True,
+                 route_quota: Callable[[bytes], int] = lambda caller: MAX_SESSIONS) -> None:
         """`quarantined`: nodes that failed an audit (ADR 0008; the ledger keeps them), never
         routed. `on_close(route, model, hops)` is called after a client closes a route, outside
         the lock (the tracker samples audits there). `store`: where the state lives (an
         EmbeddedStore on `clock` when None). `corroborate(node)`: whether the tracker itself
         finds a reported node failing (its own Health probe, tracker/probe.py), called outside
         the lock; only then does a failure report ban the node (issue 35, finding 3). The
-        default takes every report on trust."""
+        default takes every report on trust. `route_quota(caller)`: how many routes one
+        principal may hold open at once (tracker/principals.py, ADR 0017)."""
         self._models = {m.model: m for m in models}
         self._store: TrackerStore = store if store is not None else EmbeddedStore(clock)
         for node_id in set(quarantined) - self._store.quarantined():
             self._store.quarantine(node_id)
         self._on_close = on_close
         self._corroborate = corroborate
+        self._route_quota = route_quota
         self.contradicted_reports = 0  # failure reports the tracker's probe contradicted (no ban)
         self._lease = lease_seconds
         self._route_lease = route_lease_seconds
@@ -321,6 +324,12 @@ class Registry:
             model = self._models.get(request.model)
             if model is None:
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown model {request.model!r}"))
+            quota = self._route_quota(caller)
+            held = sum(1 for _, s in self._store.sessions() if s.client_key == caller)
+            held += sum(1 for s in self._opening.values() if s.client_key == caller)
+            if held >= quota:
+                return tt.RouteReply(_error(StatusCode.RESOURCE_EXHAUSTED, f"principal {keys.principal(caller)} "
+                                            f"holds {held} open routes, its quota; close one first", True))
             session_id = SessionId(f"rs-{uuid.uuid4().hex}")
             opened = SessionRecord(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids),
                                    caller, request.client_id, self._clock())

@@ -490,3 +490,18 @@ def test_a_route_just_closed_is_not_load_but_a_newer_heartbeat_is(registry, cloc
     clock.now += 0.5
     assert registry.heartbeat(nid("direct"), busy, key("direct").public_key).status.ok  # a session the tracker did not open
     assert route_names(open_route(registry)) == [("relayed", 0, 30)]
+
+
+def test_a_principal_holds_at_most_its_route_quota(clock):
+    """ADR 0017: one key squatted every node's sessions (issue 35, finding 4); now it holds at
+    most its quota of open routes, and another principal beside it is still routed."""
+    registry = Registry([MODEL], clock=clock, route_quota=lambda caller: 2 if caller == CLIENT.public_key else 8)
+    register(registry, "a", 0, 30)  # four sessions
+    held = [open_route(registry) for _ in range(2)]
+    assert all(r.status.ok for r in held)
+    over = open_route(registry)
+    assert over.status.code == StatusCode.RESOURCE_EXHAUSTED and over.status.retryable and not over.hops
+    assert "its quota" in over.status.message
+    assert open_route(registry, client=OTHER_CLIENT).status.ok  # the node still has room for others
+    assert registry.close_route(held[0].session, CLIENT.public_key).ok
+    assert open_route(registry).status.ok  # a closed route frees a place in the quota

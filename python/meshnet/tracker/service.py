@@ -2,13 +2,15 @@
 
 `serve()` builds the servicer and starts the server (grpc_server.py: grpc.aio, bounded per
 peer, calls refused on their metadata before their message is read; optional TLS). Every call
-but TrackerKey is authenticated before it is handled (ADR 0003): the bearer token must grant a role allowed for
-the method (PERMISSION_DENIED otherwise, UNAUTHENTICATED for no known token), and the request
-must be signed by the caller's Ed25519 key (UNAUTHENTICATED otherwise); the verified key is what
-the registry acts for. Route replies carry a ticket per hop, signed with the tracker's ticket
-key, and every issued (session, epoch, node) triple is recorded in the ledger, with the route's
-client_id, before the reply leaves, so work is accepted only for it. Every answer is counted in
-the tracker's metrics (tracker/metrics.py). Protobuf stops here; bad input becomes a Status.
+but TrackerKey is authenticated before it is handled (ADR 0003): the bearer token must grant a
+role allowed for the method (PERMISSION_DENIED otherwise, UNAUTHENTICATED for no known token),
+and the request must be signed by the caller's Ed25519 key (UNAUTHENTICATED otherwise); the
+verified key is the principal the registry acts for, and for a role the operator enrolls by key
+it must be enrolled (PERMISSION_DENIED otherwise; principals.py, ADR 0017), whose quotas it
+spends. Route replies carry a ticket per hop, signed with the tracker's ticket key, and every
+issued (session, epoch, node) triple is recorded in the ledger, with the route's client_id,
+before the reply leaves, so work is accepted only for it. Every answer is counted in the
+tracker's metrics (tracker/metrics.py). Protobuf stops here; bad input becomes a Status.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from meshnet.tracker.audits import Audits
 from meshnet.tracker.grpc_server import Refused, ServerLimits, TrackerServer
 from meshnet.tracker.ledger import Ledger, WorkRefused
 from meshnet.tracker.metrics import TrackerMetrics
+from meshnet.tracker.principals import Principals
 from meshnet.tracker.registry import MAX_EXPECTED_TOKENS, Registry
 from meshnet.tracker.state_store import StoreError
 from meshnet.wire import seam as st
@@ -57,7 +60,8 @@ class TrackerService:
 
     def __init__(self, registry: Registry, ledger: Ledger, role_tokens: Mapping[str, str], ticket_key: Identity,
                  ticket_seconds: float = TICKET_SECONDS, metrics: Optional[TrackerMetrics] = None,
-                 check_reachability: bool = False, audits: Optional[Audits] = None) -> None:
+                 check_reachability: bool = False, audits: Optional[Audits] = None,
+                 principals: Optional[Principals] = None) -> None:
         tokens = {role: token for role, token in role_tokens.items() if token}
         if not tokens:
             raise ValueError("the tracker needs at least one role token")
@@ -74,6 +78,7 @@ class TrackerService:
         self._metrics = metrics or TrackerMetrics(registry, ledger)
         self._check_reachability = check_reachability
         self._audits = audits
+        self._principals = principals or Principals()
 
     # ---- authentication ---------------------------------------------------------------------
 
@@ -93,9 +98,13 @@ class TrackerService:
         if role not in METHOD_ROLES[method]:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"role {role!r} may not call {method}")
         try:
-            return requests.verify_request(metadata, method, request.SerializeToString(deterministic=True))
+            caller = requests.verify_request(metadata, method, request.SerializeToString(deterministic=True))
         except requests.RequestAuthError as err:
             raise Refused(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
+        refusal = self._principals.refusal(role, caller)  # an enrolled role: the token alone is not enough
+        if refusal is not None:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, refusal)
+        return caller
 
     def _handle(self, method: str, request, context, reply_cls: type, work: Callable[[Any, bytes], Any]):
         started = time.perf_counter()
@@ -195,7 +204,9 @@ class TrackerService:
 
     def ReportFailure(self, request, context):  # noqa: N802
         def work(req: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
-            reply = self._registry.report_failure(req, caller)
+            over = self._principals.take_failure_report(caller)
+            reply = (tt.RouteReply(Status(StatusCode.RESOURCE_EXHAUSTED, over, retryable=True)) if over is not None
+                     else self._registry.report_failure(req, caller))
             if reply.status.ok:
                 reply = self._issued(reply, caller, self._registry.expected_tokens(reply.session),
                                      self._registry.client_id(reply.session))
@@ -304,7 +315,8 @@ def unreachable(address: str, timeout: float = REACHABILITY_TIMEOUT_S) -> str:
 def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[str, str], ticket_key: Identity, *,
           tls: Optional[tuple[bytes, bytes]] = None, ticket_seconds: float = TICKET_SECONDS,
           metrics: Optional[TrackerMetrics] = None, check_reachability: bool = False,
-          audits: Optional[Audits] = None, limits: Optional[ServerLimits] = None) -> tuple[TrackerServer, int]:
+          audits: Optional[Audits] = None, limits: Optional[ServerLimits] = None,
+          principals: Optional[Principals] = None) -> tuple[TrackerServer, int]:
     # tls: (certificate chain PEM, private key PEM), or None for plaintext (--insecure).
     # metrics: where the service counts its answers (a fresh TrackerMetrics if None).
     """Starts the tracker; returns the server and the bound port (listen may use port 0)."""
@@ -312,7 +324,8 @@ def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[
     # the tracker there (else UNAVAILABLE: it should come back through a relay).
     # audits: the sampled audits the verifier role takes and reports (ADR 0008); None: off.
     # limits: the server's bounds (grpc_server.py).
+    # principals: enrolled keys and per-principal quotas (principals.py); None: none enrolled, default quotas.
     service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics, check_reachability,
-                             audits)
+                             audits, principals)
     server = TrackerServer(service, METHOD_ROLES, listen, tls, limits or ServerLimits())
     return server, server.port

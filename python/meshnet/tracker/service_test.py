@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import time
 
+import grpc
+import pytest
+
 from meshnet.identity.keys import Identity
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.principals import Enrolment, Principals
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import new_role_tokens, serve
 from meshnet.wire import tracker as tt
@@ -165,6 +169,48 @@ def test_close_route_reports_the_delivery_that_caps_the_hops_credit(tmp_path):
             assert client.close_route(other.session, tt.Delivery(10, 21)).status.ok  # beside it: all its work counts
             (totals,) = ledger.totals()
             assert (totals.node_id, totals.prefill_tokens, totals.decode_tokens) == (key.node_id, 20, 5 + 20)
+    finally:
+        server.stop(grace=0).wait()
+        ledger.close()
+
+
+def test_enrolled_roles_and_per_principal_quotas_on_the_wire(tmp_path):
+    """ADR 0017: with the verifier role enrolled, the verifier token alone no longer serves a key
+    (PERMISSION_DENIED; an enrolled verifier beside it is served), so one token holder cannot
+    make up an audit quorum with minted keys; and a client past its failure-report quota is
+    refused (RESOURCE_EXHAUSTED, retryable) while another client's report is acted on."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    tokens = new_role_tokens()
+    enrolled = Identity.generate()
+    principals = Principals(["verifier"], failure_reports_per_minute=2,
+                            enrolments=[Enrolment(enrolled.public_key, "verifier")])
+    registry = Registry([MODEL], lease_seconds=30, route_quota=principals.route_quota)
+    server, port = serve(registry, ledger, "127.0.0.1:0", tokens, Identity.generate(), principals=principals)
+    address = f"127.0.0.1:{port}"
+    try:
+        with TrackerClient(address, tokens["verifier"], Identity.generate()) as minted, \
+                TrackerClient(address, tokens["verifier"], enrolled) as verifier:
+            with pytest.raises(grpc.RpcError) as refused:
+                minted.take_audit()
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "not enrolled as a verifier" in refused.value.details()
+            assert verifier.take_audit().status.code == StatusCode.NOT_FOUND  # served: this tracker runs no audits
+        key = Identity.generate()
+        with TrackerClient(address, tokens["node"], key) as node, \
+                TrackerClient(address, tokens["client"], Identity.generate()) as reporter, \
+                TrackerClient(address, tokens["client"], Identity.generate()) as honest:
+            assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info(key, 8))).admission == \
+                tt.Admission.ROUTABLE
+            route = reporter.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            for epoch in (2, 3):  # its quota: each report is acted on (a new epoch; no node named, none banned)
+                route = reporter.report_failure(route.session, "")
+                assert route.status.ok and route.session.epoch == epoch, route.status
+            over = reporter.report_failure(route.session, "")
+            assert over.status.code == StatusCode.RESOURCE_EXHAUSTED and over.status.retryable and not over.hops
+            other = honest.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            moved = honest.report_failure(other.session, "")
+            assert moved.status.ok and moved.session.epoch == 2
+            assert reporter.close_route(route.session).status.ok  # epoch 3 still: the refused report moved nothing
     finally:
         server.stop(grace=0).wait()
         ledger.close()

@@ -128,7 +128,8 @@ def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.
         try:
             reply = tracker.take_audit(replayers[0].artifact)
         except grpc.RpcError as err:
-            log("tracker_unreachable", error=err.code().name)
+            # not reached, or refused (an unenrolled key: ADR 0017, enrolment is read again within 5 s)
+            log("take_audit_failed", error=err.code().name, details=err.details())
             stop.wait(poll_seconds)
             continue
         if reply.status.code == StatusCode.NOT_FOUND or reply.job is None:
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracker-ca", type=Path)
     parser.add_argument("--token-file", type=Path, help="the verifier role's token (else $MESHNET_VERIFIER_TOKEN)")
     parser.add_argument("--insecure", action="store_true")
+    parser.add_argument("--identity", type=Path, help="this verifier's Ed25519 key file (created 0600 if absent; "
+                        "the key a tracker with --enrolled-roles verifier must have enrolled); default: fresh")
     parser.add_argument("--gguf", required=True, type=Path,
                         help="the certified model: the whole GGUF, or the parts record (MODEL.parts.json) of its "
                              "per-range files (//python:cut_model); replays open one range at a time")
@@ -167,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     token = tracker_token(parser, args.token_file, "MESHNET_VERIFIER_TOKEN", "verifier", args.tracker_ca,
                           args.insecure)
-    tracker = TrackerClient(args.tracker, token, Identity.generate(),
+    identity = Identity.load_or_create(args.identity) if args.identity else Identity.generate()
+    tracker = TrackerClient(args.tracker, token, identity,
                             tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
     try:
         replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2),
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(f"--gguf {args.gguf}: {err}")
     stop = stop_on_signals()
-    log("verifying", tracker=args.tracker, model=str(args.gguf), positions=args.positions)
+    log("verifying", tracker=args.tracker, model=str(args.gguf), positions=args.positions, principal=identity.principal)
     serve_audits(tracker, replayers, commitment.tolerance_from_calibration(args.calibration), args.positions, stop)
     tracker.close()
     return 0
