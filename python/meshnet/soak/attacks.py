@@ -8,8 +8,12 @@ answers), `silent_tracker_calls` (30 silent connections to the tracker: Coverage
 `squat_route` (a client opens a route and never sends a frame: its renewal is refused),
 `false_failure_report` (a client reports a healthy hop of its route as failed: the tracker's
 probe finds it healthy and does not ban it), `forged_verdict` (a verifier reports an audit it
-never took: NOT_FOUND), `billing_forgery` (a client names a gateway key's account: refused),
-`bad_key` (a wrong API key: 401), `oversized_prompt` (past the gateway's limit: 400).
+never took: NOT_FOUND, or PERMISSION_DENIED for a key the tracker did not enrol),
+`minted_verifier` (a fresh key with the verifier token takes an audit: PERMISSION_DENIED, the
+soak's tracker enrolling verifiers, ADR 0017), `report_flood` (one client key makes one failure
+report more than its quota in a minute: the last is RESOURCE_EXHAUSTED), `billing_forgery` (a
+client names a gateway key's account: refused), `bad_key` (a wrong API key: 401),
+`oversized_prompt` (past the gateway's limit: 400).
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
+import grpc
 import requests
 
 from meshnet.identity.keys import Identity
 from meshnet.swarm.local import TrackerProcess
+from meshnet.tracker.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import StatusCode
 
 KINDS = ("idle_sockets", "silent_tracker_calls", "squat_route", "false_failure_report", "forged_verdict",
-         "billing_forgery", "bad_key", "oversized_prompt")
+         "minted_verifier", "report_flood", "billing_forgery", "bad_key", "oversized_prompt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +127,34 @@ class Attacker:
 
     def _forged_verdict(self) -> tuple[bool, str]:
         with self.tracker.client("verifier") as forger:
-            reply = forger.report_audit(tt.ReportAuditRequest((1 << 61) + 7, False, "n" + "0" * 40))
+            try:
+                reply = forger.report_audit(tt.ReportAuditRequest((1 << 61) + 7, False, "n" + "0" * 40))
+            except grpc.RpcError as err:  # an unenrolled key, refused before its verdict is read
+                return err.code() == grpc.StatusCode.PERMISSION_DENIED, err.code().name
         return reply.status.code == StatusCode.NOT_FOUND, reply.status.code.name
+
+    def _minted_verifier(self) -> tuple[bool, str]:
+        with self.tracker.client("verifier", Identity.generate()) as minted:
+            try:
+                reply = minted.take_audit()
+            except grpc.RpcError as err:
+                return err.code() == grpc.StatusCode.PERMISSION_DENIED, err.code().name
+        return False, f"served: {reply.status.code.name}"
+
+    def _report_flood(self) -> tuple[bool, str]:
+        with self.tracker.client() as flooder:
+            route = flooder.open_route(tt.OpenRouteRequest(self.model, expected_tokens=64))
+            if not route.status.ok:
+                return True, f"no route ({route.status.code.name})"
+            codes = []
+            for _ in range(DEFAULT_FAILURE_REPORTS_PER_MINUTE + 1):  # no hop named: a new epoch each, no ban
+                reply = flooder.report_failure(route.session, "")
+                codes.append(reply.status.code)
+                if reply.session is not None and reply.status.ok:
+                    route = reply
+            flooder.close_route(route.session)
+        refused = codes[-1] == StatusCode.RESOURCE_EXHAUSTED
+        return refused, f"{sum(c == StatusCode.OK for c in codes)} acted on, the last {codes[-1].name}"
 
     def _billing_forgery(self) -> tuple[bool, str]:
         with self.tracker.client() as forger:

@@ -3,8 +3,11 @@ while, never taking the last live replica of a layer range.
 
 Faults: `kill9_node` (a node and its worker killed; launched again after 5-15 s), `sigstop_worker`
 (a worker hangs for 3-10 s, then SIGCONT), `tracker_restart` (kill -9 of the tracker, and of the
-relay it hosts; started again on its ports after 0-2 s). Every fault is logged as an event with
-its start and end (monotonic time), for the soak's timeline.
+relay it hosts; started again on its ports after 0-2 s), `link_cut` (every TCP packet to or from
+a node's shard port dropped for 3-10 s, by an nftables rule on the output hook, which loopback
+traffic crosses both ways: open streams stall, as on a cut cable, rather than reset; needs root
+and nft, else the kind is left out and logged). Every fault is logged as an event with its start
+and end (monotonic time), for the soak's timeline. `close()` removes the nftables table.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import dataclasses
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from typing import Optional
@@ -22,7 +26,8 @@ import psutil
 from meshnet.process import log
 from meshnet.swarm.local import LocalSwarm, NodeProcess
 
-KINDS = ("kill9_node", "sigstop_worker", "tracker_restart")
+KINDS = ("kill9_node", "sigstop_worker", "tracker_restart", "link_cut")
+NFT_TABLE = "meshnet_soak"  # the link cuts' nftables table (inet family), removed by close()
 
 
 @dataclasses.dataclass
@@ -42,6 +47,35 @@ def worker_of(node: NodeProcess) -> Optional[psutil.Process]:
         return None
 
 
+def _nft(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["nft", *args], capture_output=True, text=True, timeout=10)
+
+
+class LinkCutter:
+    """Drops a TCP port's packets on this host's output hook (loopback included) until restored."""
+
+    def __init__(self) -> None:
+        try:
+            made = [_nft("add", "table", "inet", NFT_TABLE),
+                    _nft("add", "chain", "inet", NFT_TABLE, "out", "{ type filter hook output priority 0 ; }")]
+        except (OSError, subprocess.TimeoutExpired) as err:
+            self.problem = repr(err)
+        else:
+            self.problem = "; ".join(p.stderr.strip() for p in made if p.returncode != 0)
+
+    def cut(self, port: int) -> None:
+        for direction in ("dport", "sport"):
+            done = _nft("add", "rule", "inet", NFT_TABLE, "out", "tcp", direction, str(port), "drop")
+            if done.returncode != 0:
+                raise RuntimeError(f"nft: {done.stderr.strip()}")
+
+    def restore(self) -> None:
+        _nft("flush", "chain", "inet", NFT_TABLE, "out")
+
+    def close(self) -> None:
+        _nft("delete", "table", "inet", NFT_TABLE)
+
+
 class Faults:
     def __init__(self, swarm: LocalSwarm, rng: random.Random) -> None:
         self.swarm, self.rng = swarm, rng
@@ -49,6 +83,10 @@ class Faults:
         self._busy: set[str] = set()  # node names under a fault now
         self._lock = threading.Lock()
         self._undo: list[threading.Thread] = []
+        self._links = LinkCutter()
+        self.kinds = KINDS if not self._links.problem else tuple(k for k in KINDS if k != "link_cut")
+        if self._links.problem:
+            log("soak_link_cut_unavailable", reason=self._links.problem)
 
     def _alive(self, name: str) -> bool:
         node = self.swarm.nodes[self.swarm.ids[name]]
@@ -73,7 +111,7 @@ class Faults:
             return any(self.swarm.ids.get(name) == node_id for name in self._busy)
 
     def inject(self) -> Optional[FaultEvent]:
-        kind = self.rng.choice(KINDS)
+        kind = self.rng.choice(self.kinds)
         if kind == "tracker_restart":
             event = FaultEvent(kind, "tracker", time.monotonic())
             self.swarm.tracker.kill()
@@ -87,6 +125,9 @@ class Faults:
                 node.kill()
                 self._later(self.rng.uniform(5.0, 15.0), event, lambda: node.launch().wait_ready(timeout=120),
                             node.name)
+            elif kind == "link_cut":
+                self._links.cut(node.port)
+                self._later(self.rng.uniform(3.0, 10.0), event, self._links.restore, node.name)
             else:
                 worker = worker_of(node)
                 if worker is None:
@@ -119,3 +160,8 @@ class Faults:
         deadline = time.monotonic() + timeout
         for thread in self._undo:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        """Removes what the faults left on the host (the link cuts' nftables table)."""
+        self._links.restore()
+        self._links.close()

@@ -3,15 +3,18 @@ a fixed time; then the checks a skeptic asks for.
 
   tools/bazel run //python:soak -- --minutes 30 --out docs/evidence/soak
 
-The swarm: a tracker (with its relay and /metrics), six GGUF nodes of the bundled SmolLM2 Q4_1
-(two replicas of [0,10) [10,20) [20,30); one of them behind NAT, reached through the tracker's
-relay) and the gateway. The load (soak/load.py) runs between --min-concurrency and
+The swarm: a tracker (with its relay and /metrics; the verifier role enrolled by key, and no key
+enrolled), six GGUF nodes of the bundled SmolLM2 Q4_1 (two replicas of [0,10) [10,20) [20,30);
+one of them behind NAT, reached through the tracker's relay) and the gateway. The load (soak/load.py) runs between --min-concurrency and
 --max-concurrency requests at once (a new level each minute), through the gateway; the fault
 scheduler (soak/faults.py) injects a fault every --fault-seconds on average; the attacker
-(soak/attacks.py) runs one of issue 35's refusals every --attack-seconds. Every process's RSS
-is sampled every 5 s. At the end the load stops, every fault is undone, and each hop must hold
-0 sessions and 0 KV cells within 60 s. Written to --out: results.json (report.summarize),
-timeline.json, throughput.png, errors.png. Exit status 0 when every check passed, 1 otherwise.
+(soak/attacks.py) runs one of issue 35's refusals every --attack-seconds. A refused client backs
+off as the OpenAI SDKs do (exponentially from 0.5 s to 8 s, jittered; reset by a success). Every
+process's RSS is sampled every 5 s and judged over its own lifetime (report.rss_growth). At the
+end the load stops, every fault is undone, and each hop must hold 0 sessions and 0 KV cells
+within 60 s. Written to --out: results.json (report.summarize), timeline.json, rss.json (every
+sample: process -> [seconds since the start, MiB]), throughput.png, errors.png. Exit status 0
+when every check passed, 1 otherwise.
 Progress goes to stderr once a minute.
 """
 
@@ -40,13 +43,14 @@ from meshnet.swarm.local import LocalSwarm, TrackerProcess
 
 CUTS = [(0, 10), (10, 20), (20, 30)]
 MODEL = "smollm2"
-WARMUP_S = 120.0  # RSS is compared from here on
 IDLE_DEADLINE_S = 60.0
+BACKOFF_S = (0.5, 8.0)  # a refused client's first and longest wait (the OpenAI SDKs' defaults)
 
 
 def build_swarm(workdir: pathlib.Path, gguf: pathlib.Path, worker: pathlib.Path) -> tuple[LocalSwarm, GatewayProcess]:
     tracker = TrackerProcess(workdir, [uncertified_entry(gguf, MODEL, "gguf", None, ["cpu"])], lease_seconds=3.0,
-                             http=True, relay=True, ban_seconds=5.0, max_ban_seconds=30.0)
+                             http=True, relay=True, ban_seconds=5.0, max_ban_seconds=30.0,
+                             extra_args=["--enrolled-roles", "verifier"])  # no key enrolled: no verifier served
     swarm = LocalSwarm(workdir, gguf, CUTS, model=MODEL, backend="gguf", worker_binary=worker, max_sessions=16,
                        control_plane=tracker).start()
     for i, cut in enumerate(CUTS):
@@ -98,6 +102,7 @@ class Soak:
 
     def _client(self, index: int) -> None:
         rng = random.Random(self.args.seed * 1000 + index)
+        refused = 0  # in a row
         while not self.stop.is_set():
             if index >= self.concurrency:
                 self.stop.wait(0.5)
@@ -105,8 +110,12 @@ class Soak:
             outcome = self.load.one(rng)
             with self._lock:
                 self.outcomes.append(outcome)
-            if outcome.status not in ("ok", "200"):
-                self.stop.wait(0.2)  # a refused client backs off a little, as SDKs do
+            if outcome.status in ("ok", "200"):
+                refused = 0
+                continue
+            wait = min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** refused)
+            refused += 1
+            self.stop.wait(wait * rng.uniform(0.5, 1.0))
 
     def _faulter(self) -> None:
         while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.args.fault_seconds):
@@ -161,22 +170,19 @@ class Soak:
         leaks = self._leaks()
         config = {k: v for k, v in vars(self.args).items() if k not in ("gguf", "worker_binary", "out")}
         summary = report.summarize(config, self.outcomes, self.faults.events, self.attacks, leaks,
-                                   report.rss_growth(self._lived_through(started, ended), started + WARMUP_S),
-                                   started, ended)
+                                   report.rss_growth(self.rss), started, ended)
         rows = report.timeline(self.outcomes, started, ended)
         out = pathlib.Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "timeline.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (out / "rss.json").write_text(json.dumps(
+            {name: [[round(t - started, 1), round(rss / 2**20, 1)] for t, rss in series]
+             for name, series in self.rss.items()}) + "\n")
         (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
         report.plot(rows, self.faults.events, started, out)
         self.load.close()
         self.attacker.close()
         return summary
-
-    def _lived_through(self, started: float, ended: float) -> dict[str, list[tuple[float, int]]]:
-        """RSS samples of the processes that ran from the start to the end (not killed by a fault)."""
-        return {name: series for name, series in self.rss.items()
-                if series[0][0] < started + 30 and series[-1][0] > ended - 30}
 
     def _leaks(self) -> dict:
         """Hops not idle IDLE_DEADLINE_S after the load stopped (every node back up first)."""
@@ -210,9 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()
     with tempfile.TemporaryDirectory(prefix="meshnet-soak-") as tmp:
         swarm, gateway = build_swarm(pathlib.Path(tmp), args.gguf.resolve(), args.worker_binary.resolve())
+        soak = None
         try:
-            summary = Soak(args, swarm, gateway).run()
+            soak = Soak(args, swarm, gateway)
+            summary = soak.run()
         finally:
+            if soak is not None:
+                soak.faults.close()
             gateway.stop()
             swarm.stop()
     print(json.dumps({k: summary[k] for k in ("seconds", "requests", "served", "wrong_tokens", "errors_by_code",

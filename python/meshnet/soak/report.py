@@ -3,8 +3,10 @@
 `summarize` turns the run's outcomes, fault events, attack results, end-state checks and RSS
 samples into one JSON-ready dict (`results.json`); `timeline` bins outcomes by `bin_s` seconds;
 `plot` draws throughput and errors over time, with the faults marked, as PNGs. The verdict
-(`passed`) is the issue's: no wrong token, no session or KV cell left on any hop, every long-lived
-process's RSS within RSS_GROWTH_MAX of its size after warm-up, every attack held.
+(`passed`) is the issue's: no wrong token, no session or KV cell left on any hop, the RSS of every
+process that lived at least RSS_JUDGED_S past its own warm-up within RSS_GROWTH_MAX of its size
+after that warm-up (a node killed by a fault and launched again is a new process, judged on its
+own lifetime), every attack held.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from meshnet.soak.attacks import AttackResult
 from meshnet.soak.faults import FaultEvent
 from meshnet.soak.load import Outcome
 
-RSS_GROWTH_MAX = 1.5  # end RSS over RSS after warm-up, per process that lived through the run
+RSS_GROWTH_MAX = 1.5  # end RSS over RSS after warm-up, per process
+RSS_WARMUP_S = 120.0  # from a process's first sample: loading, first batches, allocator pools
+RSS_JUDGED_S = 300.0  # a process is judged when it lived this long after its warm-up
 
 
 def timeline(outcomes: Sequence[Outcome], started: float, ended: float, bin_s: float = 10.0) -> list[dict]:
@@ -36,14 +40,22 @@ def timeline(outcomes: Sequence[Outcome], started: float, ended: float, bin_s: f
     return rows
 
 
-def rss_growth(samples: dict[str, list[tuple[float, int]]], warm_until: float) -> dict[str, dict]:
-    """Per process that lived through the whole run: RSS after warm-up, at the end, and their ratio."""
+def rss_growth(samples: dict[str, list[tuple[float, int]]], warmup_s: float = RSS_WARMUP_S,
+               judged_s: float = RSS_JUDGED_S) -> dict[str, dict]:
+    """Per process (name -> its (time, RSS bytes) samples) that lived `judged_s` past its own
+    warm-up (`warmup_s` from its first sample): RSS after warm-up, at its end, the largest, and
+    the ratio of end to after-warm-up."""
     out = {}
     for name, series in samples.items():
-        warm = [rss for t, rss in series if t >= warm_until]
-        if len(warm) >= 2:
-            out[name] = {"after_warmup_mib": round(warm[0] / 2**20, 1), "end_mib": round(warm[-1] / 2**20, 1),
-                         "max_mib": round(max(warm) / 2**20, 1), "growth": round(warm[-1] / warm[0], 3)}
+        if not series:
+            continue
+        warm = [(t, rss) for t, rss in series if t >= series[0][0] + warmup_s]
+        if len(warm) < 2 or warm[-1][0] - warm[0][0] < judged_s:
+            continue
+        first, last = warm[0][1], warm[-1][1]
+        out[name] = {"after_warmup_mib": round(first / 2**20, 1), "end_mib": round(last / 2**20, 1),
+                     "max_mib": round(max(r for _, r in warm) / 2**20, 1), "growth": round(last / first, 3),
+                     "judged_s": round(warm[-1][0] - warm[0][0], 1)}
     return out
 
 
@@ -95,7 +107,8 @@ def plot(rows: Sequence[dict], faults: Iterable[FaultEvent], started: float, out
 
     t = [r["t_s"] / 60 for r in rows]
     marks = [(f.kind, (f.started - started) / 60) for f in faults]
-    colors = {"kill9_node": "tab:red", "sigstop_worker": "tab:orange", "tracker_restart": "tab:purple"}
+    colors = {"kill9_node": "tab:red", "sigstop_worker": "tab:orange", "tracker_restart": "tab:purple",
+              "link_cut": "tab:green"}
     written = []
     for name, series, ylabel in (
             ("throughput", {"tokens/s": [r["tokens_per_s"] for r in rows],
@@ -107,7 +120,8 @@ def plot(rows: Sequence[dict], faults: Iterable[FaultEvent], started: float, out
             ax.plot(t, ys, label=label, linewidth=1.2)
         for kind, x in marks:
             ax.axvline(x, color=colors.get(kind, "grey"), alpha=0.35, linewidth=0.8)
-        ax.set_xlabel("minutes (vertical lines: faults; red kill -9, orange SIGSTOP, purple tracker+relay restart)")
+        ax.set_xlabel("minutes (vertical lines: faults; red kill -9, orange SIGSTOP, purple tracker+relay restart, "
+                      "green link cut)")
         ax.set_ylabel(ylabel)
         if series:
             ax.legend(loc="upper right", fontsize=8)

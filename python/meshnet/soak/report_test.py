@@ -48,7 +48,12 @@ def test_the_timeline_bins_by_ten_seconds():
     assert rows[0]["tokens_per_s"] == 4.8
 
 
-def test_rss_growth_counts_from_the_end_of_warm_up():
-    samples = {"a": [(0.0, 100 << 20), (10.0, 200 << 20), (20.0, 210 << 20), (30.0, 220 << 20)], "b": [(0.0, 1)]}
-    assert report.rss_growth(samples, warm_until=10.0) == {
-        "a": {"after_warmup_mib": 200.0, "end_mib": 220.0, "max_mib": 220.0, "growth": 1.1}}
+def test_rss_growth_is_judged_per_process_lifetime_after_its_own_warm_up():
+    mib = 2**20
+    samples = {"a": [(0.0, 100 * mib), (10.0, 200 * mib), (20.0, 210 * mib), (40.0, 220 * mib)],
+               "b": [(0.0, 1)],  # one sample: not judged
+               "relaunched": [(25.0, 50 * mib), (35.0, 60 * mib), (50.0, 90 * mib)],  # its own warm-up from 25
+               "short": [(30.0, 10 * mib), (40.0, 10 * mib), (45.0, 10 * mib)]}  # too short after warm-up
+    assert report.rss_growth(samples, warmup_s=10.0, judged_s=15.0) == {
+        "a": {"after_warmup_mib": 200.0, "end_mib": 220.0, "max_mib": 220.0, "growth": 1.1, "judged_s": 30.0},
+        "relaunched": {"after_warmup_mib": 60.0, "end_mib": 90.0, "max_mib": 90.0, "growth": 1.5, "judged_s": 15.0}}

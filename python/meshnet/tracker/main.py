@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-routes-per-principal", type=int, default=DEFAULT_MAX_ROUTES,
                         help="routes one key may hold open at once, unless its enrolment names its own quota")
     parser.add_argument("--failure-reports-per-minute", type=int, default=DEFAULT_FAILURE_REPORTS_PER_MINUTE,
-                        help="failure reports one key may make in any minute")
+                        help="failure reports one key may make in any minute (or two per route it holds, if more)")
     parser.add_argument("--etcd", metavar="HOST:PORT,...",
                         help="keep the tracker state in this etcd cluster (its members' client addresses), shared "
                         "with the other trackers on it (ADR 0011); default: in memory, this tracker alone")

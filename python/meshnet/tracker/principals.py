@@ -11,8 +11,9 @@ tracker reads every SYNC_SECONDS; a revoked key is refused from the next sync.
 Quotas, per principal, enrolled or not:
   - routes open at once: the enrolment's `max_routes`, else `default_max_routes` (the registry
     asks `route_quota(key)` when it opens a route: RESOURCE_EXHAUSTED past it);
-  - failure reports: at most `failure_reports_per_minute` in any minute (RESOURCE_EXHAUSTED past
-    them; the report is not acted on);
+  - failure reports in any minute: `failure_reports_per_minute`, or two per route the key holds
+    open if that is more (a gateway's many routes fail over together when a hop dies);
+    RESOURCE_EXHAUSTED past them, and the report is not acted on;
   - renewals need the route's traffic (ADR 0016), audits in flight are capped per verifier key
     (audits.py), and node registrations are one per node key, within the dark-node cap (registry).
 Node keys are not enrolled here: a node's key is its node id, admitted by its certified recipe.
@@ -42,6 +43,7 @@ from meshnet.identity.keys import Identity
 ENROLLED_ROLES = ("client", "gateway", "verifier")  # roles whose keys may be enrolled
 DEFAULT_MAX_ROUTES = 64  # routes one principal holds open at once, unless its enrolment says
 DEFAULT_FAILURE_REPORTS_PER_MINUTE = 30
+REPORTS_PER_ROUTE_PER_MINUTE = 2  # a principal with many routes may report each twice a minute
 MAX_ROUTES_LIMIT = 1 << 16  # the registry's MAX_SESSIONS: no enrolment may name more
 MAX_NAME_CHARS = 128
 MAX_TRACKED_REPORTERS = 1 << 16  # reporters whose last minute is remembered (the oldest forgotten past it)
@@ -123,8 +125,10 @@ class Principals:
             named = [e.max_routes for (_, k), e in self._enrolled.items() if k == key and e.max_routes]
         return max(named) if named else self.default_max_routes
 
-    def take_failure_report(self, key: bytes) -> Optional[str]:
-        """Counts a failure report by `key`; why it is refused (over its quota), or None."""
+    def take_failure_report(self, key: bytes, routes_held: int = 0) -> Optional[str]:
+        """Counts a failure report by `key`, which holds `routes_held` open routes; why it is
+        refused (over its quota for the last minute), or None."""
+        allowed = max(self.failure_reports_per_minute, REPORTS_PER_ROUTE_PER_MINUTE * routes_held)
         now = self._clock()
         with self._lock:
             times = self._reports.pop(key, None)
@@ -132,15 +136,15 @@ class Principals:
                 times = collections.deque()
             while times and times[0] <= now - 60.0:
                 times.popleft()
-            over = len(times) >= self.failure_reports_per_minute
+            over = len(times) >= allowed
             if not over:
                 times.append(now)
             self._reports[key] = times  # most recent reporter last
             while len(self._reports) > MAX_TRACKED_REPORTERS:
                 self._reports.popitem(last=False)
         if over:
-            return (f"principal {keys.principal(key)} has made {self.failure_reports_per_minute} failure reports "
-                    "in the last minute, its quota; this one is not acted on")
+            return (f"principal {keys.principal(key)} has made {allowed} failure reports in the last minute, "
+                    "its quota; this one is not acted on")
         return None
 
 

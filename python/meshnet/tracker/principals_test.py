@@ -69,6 +69,15 @@ def test_failure_reports_are_limited_per_key_per_minute():
     assert principals.take_failure_report(ALICE) is None  # a minute after the first three
 
 
+def test_a_principal_with_many_routes_may_report_each_twice_a_minute():
+    """A gateway's routes fail over together when a hop dies: its allowance grows with the routes
+    it holds, two reports each, never below the flat quota."""
+    principals = Principals(failure_reports_per_minute=3, clock=Clock())
+    assert [principals.take_failure_report(ALICE, routes_held=4) for _ in range(8)] == [None] * 8
+    assert principals.take_failure_report(ALICE, routes_held=4) is not None
+    assert principals.take_failure_report(BOB, routes_held=1) is None  # max(3, 2): three
+
+
 def test_an_enrolment_the_tracker_could_not_act_on_is_refused():
     validate(Enrolment(ALICE, "gateway", "gw", MAX_ROUTES_LIMIT))
     for bad in (Enrolment(ALICE, "node"), Enrolment(b"short", "client"), Enrolment(ALICE, "client", "", -1),

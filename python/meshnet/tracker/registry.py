@@ -325,8 +325,7 @@ class Registry:
             if model is None:
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown model {request.model!r}"))
             quota = self._route_quota(caller)
-            held = sum(1 for _, s in self._store.sessions() if s.client_key == caller)
-            held += sum(1 for s in self._opening.values() if s.client_key == caller)
+            held = self._routes_held(caller)
             if held >= quota:
                 return tt.RouteReply(_error(StatusCode.RESOURCE_EXHAUSTED, f"principal {keys.principal(caller)} "
                                             f"holds {held} open routes, its quota; close one first", True))
@@ -345,6 +344,16 @@ class Registry:
         if not created:
             return tt.RouteReply(_error(StatusCode.INTERNAL, f"route session id {session_id} is taken"))
         return reply
+
+    def routes_held(self, caller: bytes) -> int:
+        """How many routes `caller` holds open (a principal's quota is counted in these)."""
+        with self._lock:
+            return self._routes_held(caller)
+
+    def _routes_held(self, caller: bytes) -> int:
+        """Lock held: routes in the store and being opened whose opener is `caller`."""
+        held = sum(1 for _, s in self._store.sessions() if s.client_key == caller)
+        return held + sum(1 for s in self._opening.values() if s.client_key == caller)
 
     def report_failure(self, request: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
         """A new epoch for the reporter's route, avoiding the failed hop. The hop is banned (from

@@ -204,7 +204,7 @@ class TrackerService:
 
     def ReportFailure(self, request, context):  # noqa: N802
         def work(req: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
-            over = self._principals.take_failure_report(caller)
+            over = self._principals.take_failure_report(caller, self._registry.routes_held(caller))
             reply = (tt.RouteReply(Status(StatusCode.RESOURCE_EXHAUSTED, over, retryable=True)) if over is not None
                      else self._registry.report_failure(req, caller))
             if reply.status.ok:
