@@ -73,10 +73,13 @@ package(default_visibility = ["//visibility:public"])
 
 exports_files(["python3", "grpc_python_protoc"])
 
+# The stub that starts a py_binary needs only the standard library: Debian has python3 on the
+# fixed action PATH (.bazelrc), and no `python` unless python-is-python3 is installed.
 py_runtime(
     name = "runtime",
     interpreter_path = "{interpreter}",
     python_version = "PY3",
+    stub_shebang = "#!/usr/bin/env python3",
 )
 
 py_runtime_pair(
