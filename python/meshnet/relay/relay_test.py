@@ -278,3 +278,28 @@ def test_allocations_are_capped_per_address_and_kept_only_by_registered_nodes(sh
         channel.close()
         honest.stop()
         relay.stop()
+
+
+def test_a_node_that_attaches_again_keeps_its_port(relay_tls):
+    """Issue 35 (relay): a node whose Attach ended (its agent reconnected, or it restarted) got a
+    new port, so the address it had registered went dead until it registered again. Now its last
+    port is offered again when free; another node never gets it while its owner holds it."""
+    relay = start_relay(relay_tls)
+    channel, stub = relay_stub(relay, relay_tls)
+    node, other = Identity.generate(), Identity.generate()
+    try:
+        first = attach(stub, node)
+        address = next(first).allocation.address
+        first.cancel()  # the agent's stream drops
+        deadline = time.monotonic() + 10
+        while relay.stats.attached and time.monotonic() < deadline:
+            time.sleep(0.05)
+        again = attach(stub, node)
+        assert next(again).allocation.address == address
+        elsewhere = attach(stub, other)
+        assert next(elsewhere).allocation.address != address
+        again.cancel()
+        elsewhere.cancel()
+    finally:
+        channel.close()
+        relay.stop()

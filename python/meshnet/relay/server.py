@@ -17,7 +17,9 @@ allocation closed unless its node registers at it with the tracker within `regis
 (when the relay can ask: `registered`), `max_connections_per_node` open connections per
 allocation and `max_connections_per_peer` not yet piped from one address (more are closed at once), a connection that
 sends nothing within `hello_seconds` is closed before the node hears of it, one the node does
-not pipe within `accept_seconds` is closed, and a Chunk is at most CHUNK_BYTES. The relay runs
+not pipe within `accept_seconds` is closed, and a Chunk is at most CHUNK_BYTES. A node that
+attaches again (its agent reconnected, or it restarted) gets the port its last allocation had,
+when that port is still free, so the address it registered stays good (issue 35). The relay runs
 its own asyncio loop in a thread, so the tracker or a node can host it beside their synchronous
 gRPC servers.
 """
@@ -44,6 +46,7 @@ PIPE = "/meshnet.relay.v1.Relay/Pipe"
 PING = "/meshnet.relay.v1.Relay/Ping"
 CONNECTION_METADATA = "x-meshnet-connection"
 KEEPALIVE_MS = 10_000  # an agent pings its relay this often, calls or not
+MAX_PORTS_REMEMBERED = 1024  # nodes whose last allocation's port is offered again on re-attach
 
 
 def peer_host(peer: str) -> str:
@@ -140,6 +143,9 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
         self._tls, self._token, self.limits, self._registered = tls, token, limits, registered
         self.stats = RelayStats()
         self._allocations: dict[str, _Allocation] = {}
+        # node id -> the port of its last allocation, offered again when it re-attaches; bounded
+        # (oldest dropped past MAX_PORTS_REMEMBERED), relay loop only.
+        self._last_port: dict[str, int] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._server: Optional[grpc.aio.Server] = None
         self._thread: Optional[threading.Thread] = None
@@ -244,11 +250,14 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
             previous.close()
         allocation = _Allocation(node_id, key, self.limits, peer)
         try:
-            allocation.server = await asyncio.start_server(
-                lambda r, w: self._on_connection(allocation, r, w), self._bind_host, 0)
+            allocation.server = await self._listen_for(allocation)
         except OSError as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the relay cannot open a port: {err}")
         port = allocation.server.sockets[0].getsockname()[1]
+        self._last_port.pop(node_id, None)
+        self._last_port[node_id] = port  # the most recent last
+        while len(self._last_port) > MAX_PORTS_REMEMBERED:
+            del self._last_port[next(iter(self._last_port))]
         self._allocations[node_id] = allocation
         self.stats.attached = len(self._allocations)
         address = f"{self._public_host}:{port}"
@@ -265,6 +274,18 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
             allocation.close()
             self.stats.attached = len(self._allocations)
             log("relay_detached", node=node_id, allocation=address)
+
+    async def _listen_for(self, allocation: _Allocation) -> asyncio.AbstractServer:
+        """The allocation's listener: on its node's last port when that is free, else a new one."""
+        def serve(r, w):
+            return self._on_connection(allocation, r, w)
+        port = self._last_port.get(allocation.node_id)
+        if port is not None:
+            try:
+                return await asyncio.start_server(serve, self._bind_host, port)
+            except OSError:  # taken meanwhile (by another allocation, or another program)
+                pass
+        return await asyncio.start_server(serve, self._bind_host, 0)
 
     async def _expect_registration(self, allocation: _Allocation, address: str) -> None:
         """Closes `allocation` unless its node registered with the tracker at `address` within
