@@ -114,3 +114,27 @@ def test_a_killed_node_takes_its_worker_with_it(swarm):
     node.kill()
     gone, alive = psutil.wait_procs(workers, timeout=5)
     assert alive == [], f"worker {alive} outlived its node"
+
+
+def test_a_failover_after_the_tracker_forgot_the_route_opens_a_new_one(swarm, prompt_ids, baseline):
+    """The chaos soak's finding (issue 35): a route opened before a tracker restart (its state in
+    memory) failed over afterwards; the restarted tracker answered ReportFailure NOT_FOUND and the
+    gateway gave the user 404. The client now opens a new route session and replays there: the
+    same tokens, one failover. Runs last: it adds a replica and kills the route's last hop."""
+    swarm.nodes[swarm.ids["node-1"]].launch().wait_ready()  # the test above killed it
+    swarm.add_node("replica-15", (15, 30))
+    assert len(wait_registered(swarm, 3)) == 3
+    with swarm.client() as tracker:
+        session = RouteClient(tracker, swarm.model)
+        # Client-driven decode: no step is taken while the test holds the stream, so the hop dies
+        # mid-generation (in a ring the last hop would run the 24 tokens out meanwhile).
+        stream = session.generate(prompt_ids, GenerationParams(max_tokens=TOKENS, ring=False))
+        tokens = [next(stream) for _ in range(4)]
+        last_hop = session._connection.hops[-1].node.node_id
+        swarm.tracker.kill()
+        swarm.tracker.restart()
+        assert len(wait_registered(swarm, 3)) == 3  # the route session is gone with the old tracker
+        swarm.nodes[last_hop].kill()
+        tokens += list(stream)
+    assert tokens == baseline
+    assert [node for _, node in session.failovers] == [last_hop]

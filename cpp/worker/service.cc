@@ -35,6 +35,14 @@ grpc::Status ToGrpc(const Status& status) {
   return grpc::Status(code, status.message);
 }
 
+uint64_t MicrosBetween(Clock::time_point from, Clock::time_point to) {
+  return to > from ? static_cast<uint64_t>(
+                         std::chrono::duration_cast<std::chrono::microseconds>(to - from).count())
+                   : 0;
+}
+
+uint64_t MicrosSince(Clock::time_point from) { return MicrosBetween(from, Clock::now()); }
+
 HopIdentity MakeIdentity(const ServiceOptions& options, const Scheduler& scheduler) {
   HopIdentity hop;
   hop.node_id = options.node_id;
@@ -176,6 +184,13 @@ grpc::Status ShardService::Health(grpc::ServerContext*, const pb::HealthRequest*
   reply->set_device_memory_used(scheduler_->device_bytes());
   reply->set_device_memory_free(device.memory_free);
   reply->set_device_memory_total(device.memory_total);
+  pb::StepTimes* times = reply->mutable_step_times();
+  times->set_steps(stages_.steps.load());
+  times->set_admit_us(stages_.admit_us.load());
+  times->set_wait_us(stages_.wait_us.load());
+  times->set_after_us(stages_.after_us.load());
+  times->set_send_us(stages_.send_us.load());
+  times->set_reply_us(stages_.reply_us.load());
   return grpc::Status::OK;
 }
 
@@ -230,7 +245,11 @@ grpc::Status ShardService::Seam(grpc::ServerContext* context,
     seam_frames_in_.fetch_add(1);
     seam_bytes_in_.fetch_add(message.ByteSizeLong());
     std::optional<protocol::SeamReply> reply = Handle(message, stream, &owned);
-    if (reply.has_value()) stream->Write(*reply);
+    if (reply.has_value()) {
+      const Clock::time_point writing = Clock::now();
+      stream->Write(*reply);
+      stages_.reply_us.fetch_add(MicrosSince(writing));
+    }
   }
   for (const SessionKey& key : owned) {  // stream loss frees every session still bound to it
     if (table_.Stream(key) != stream->id) continue;  // ended, and maybe reopened elsewhere
@@ -417,16 +436,20 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key, Ses
   item.done = [result](const Status& status, std::vector<float> out) {
     result->set_value({status, std::move(out)});
   };
+  const Clock::time_point submitting = Clock::now();
   Status submitted = scheduler_->Submit(std::move(item));
   if (!submitted.ok()) return Reply(frame, submitted);
   StepOutcome outcome = WaitForStep(ready, *claim, deadline.deadline(), late);
   if (!outcome.first.ok()) return Reply(frame, outcome.first);  // Handle ends a new session
+  const Clock::time_point computed = Clock::now();
+  Clock::time_point sending = computed;
   const uint64_t length = start + count;
   Status ringed = OkStatus();
   if (scheduler_->last()) {
     // The ring goes on before the tokens are described (logprobs) and published.
     Sampled sampled = Accept(live, frame, outcome.second);
     CommitSampled(key, live, outcome.second, &sampled);
+    sending = Clock::now();
     if (frame.ring && sampled.finish == FinishReason::kUnspecified) {
       const Sampled::Token& next = sampled.tokens.back();
       ringed = Ring(live, frame, next.id, next.position, deadline);
@@ -438,12 +461,18 @@ std::optional<protocol::SeamReply> ShardService::Step(const SessionKey& key, Ses
       commitments_.Rows(key, static_cast<uint32_t>(start), outcome.second.data(), static_cast<uint32_t>(count),
                         scheduler_->n_embd(), /*input=*/false);
     }
+    sending = Clock::now();
     Status forwarded = Forward(live, frame, outcome.second, deadline);
     if (!forwarded.ok()) {  // the step did not happen: take its rows back out of the KV
       scheduler_->Truncate(info.seq, static_cast<int32_t>(start), info.owner);
       return Reply(frame, forwarded);
     }
   }
+  stages_.steps.fetch_add(1);
+  stages_.admit_us.fetch_add(MicrosBetween(received, submitting));
+  stages_.wait_us.fetch_add(MicrosBetween(submitting, computed));
+  stages_.after_us.fetch_add(MicrosBetween(computed, sending));
+  stages_.send_us.fetch_add(MicrosSince(sending));
   protocol::SeamReply reply = Reply(frame, OkStatus(), length);
   table_.RecordStep(key, frame.step, reply, length, count, frame.phase == Phase::kDecode);
   live.last_step = frame.step;

@@ -206,6 +206,10 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   std::atomic<uint64_t> drafted_tokens_{0};
   std::atomic<uint64_t> accepted_drafts_{0};
   std::atomic<uint64_t> rewound_rows_{0};
+  // Health's StepTimes: where completed steps spent their time (microseconds, summed).
+  struct StageTotals {
+    std::atomic<uint64_t> steps{0}, admit_us{0}, wait_us{0}, after_us{0}, send_us{0}, reply_us{0};
+  } stages_;
   std::atomic<uint64_t> next_stream_id_{1};
   std::mutex mu_;  // guards live_, streams_, stopping_
   std::map<SessionKey, std::shared_ptr<Live>> live_;

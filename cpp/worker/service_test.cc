@@ -155,6 +155,14 @@ TEST_P(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
   pb::HealthReply health2 = test_support::Health(*stub2);
   EXPECT_EQ(health2.results_readers(), 1u);
   EXPECT_EQ(health2.fence_entries(), 1u);
+  // Where the steps' time went (issue 31): every completed step timed on both hops (the replayed
+  // and refused frames are not steps), the engine wait at least the engine's own compute.
+  for (auto* stub : {stub1.get(), stub2.get()}) {
+    const pb::HealthReply health = test_support::Health(*stub);
+    EXPECT_EQ(health.step_times().steps(), static_cast<uint64_t>(n));
+    EXPECT_GE(health.step_times().wait_us(), health.compute_us());
+    EXPECT_GT(health.step_times().admit_us() + health.step_times().send_us(), 0u);
+  }
 
   send(Frame(protocol::Phase::kRelease, uint64_t{1} << 62));
   EXPECT_TRUE(read_reply().status->ok());

@@ -144,6 +144,7 @@ def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[
             "max_kv_cells": probe.max_kv_cells, "failures": sum(1 for o in outs if len(o) < tokens),
             "drafted_tokens": sum(a.drafted_tokens - b.drafted_tokens for a, b in zip(after, before)),
             "accepted_drafts": sum(a.accepted_drafts - b.accepted_drafts for a, b in zip(after, before))}
+    cell["hop_stages"] = hop_stages(before, after)
     if c == 1 and times[0] and compute_s > 0:
         # one stream: hops run one after another, so what is not compute is seams and client
         cell["seam_overhead_ms"] = max(0.0, (times[0][-1] - t0) - compute_s) / len(times[0]) * 1000
@@ -158,6 +159,21 @@ def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[
     if errors:
         cell["errors"] = sorted(set(errors))[:5]
     return rounded(cell), outs
+
+
+def hop_stages(before: Sequence[shard_pb2.HealthReply], after: Sequence[shard_pb2.HealthReply]) -> list[dict]:
+    """Each hop's mean microseconds per completed step in each stage of its worker, between two
+    Health snapshots (StepTimes, issue 31); None where the hop timed no step."""
+    out = []
+    for b, a in zip(before, after):
+        steps = a.step_times.steps - b.step_times.steps
+        stages: dict = {"steps": steps}
+        for name in ("admit_us", "wait_us", "after_us", "send_us", "reply_us"):
+            spent = getattr(a.step_times, name) - getattr(b.step_times, name)
+            stages[name] = round(spent / steps, 1) if steps else None
+        stages["compute_us"] = round((a.compute_us - b.compute_us) / steps, 1) if steps else None
+        out.append(stages)
+    return out
 
 
 def node_memory(swarm: LocalSwarm) -> list[dict]:

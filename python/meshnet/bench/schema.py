@@ -16,6 +16,20 @@ from typing import Any, Optional, TypedDict, Union
 Number = Union[int, float]
 
 
+class HopStages(TypedDict, total=False):
+    """One hop's mean time per completed step in each stage of its worker, over a cell (its
+    Health's StepTimes before and after; microseconds). None where the hop reports none (the
+    reference backend)."""
+
+    steps: int
+    admit_us: Optional[Number]  # frame received to submitted: decoding, checks, unpacking, commitments
+    wait_us: Optional[Number]  # submitted to the engine's result: queue and the batch's compute
+    compute_us: Optional[Number]  # the engine's decode time per step (Health compute_us)
+    after_us: Optional[Number]  # sampling, commitments
+    send_us: Optional[Number]  # encoding and writing to the next hop, or the ring and results
+    reply_us: Optional[Number]  # the reply upstream
+
+
 class Cell(TypedDict, total=False):
     """One (prompt length, concurrency) workload of one lane (measure.py defines the figures)."""
 
@@ -43,6 +57,7 @@ class Cell(TypedDict, total=False):
     # single stream: what is not compute is seams and client
     seam_overhead_ms: Number  # per token, all hops
     overhead_ms_per_token_per_hop: Number
+    hop_stages: list[HopStages]  # per hop, in route order: where each step's time went (issue 31)
     decode_compute_ms_per_token: Number  # the hops' engine time per decoded token
     model_itl_ms: Number  # delay lanes: decode compute + hops x one-way delay
     itl_p50_over_model_ms: Number

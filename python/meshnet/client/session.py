@@ -19,7 +19,10 @@ that does not answer within `probe_timeout` is blamed; if all answer, nobody is 
 issues a new epoch without banning anyone).
 While it waits for tokens it renews the route's lease (a third of the way through each lease);
 the tracker being briefly unreachable costs neither tokens nor a clean finish: renewals and the
-final CloseRoute are retried or left to the lease, never raised to the caller.
+final CloseRoute are retried or left to the lease, never raised to the caller. A failure report
+that finds the tracker unreachable is retried for `route_wait`; one that finds it has forgotten
+the route session (restarted with its state in memory) opens a new route session and replays
+there, as for any failover.
 Thread ownership: a RouteClient is used by one caller thread; two reader threads per
 connection only feed its event queue.
 """
@@ -245,11 +248,18 @@ class RouteClient:
             raise ValueError("empty prompt")
         started = time.perf_counter()
         delivered: list[int] = []
-        reply = self._open_route(tt.OpenRouteRequest(self._model, self._client_id, len(prompt_ids) + params.max_tokens),
-                                 params.route_wait)
+        request = tt.OpenRouteRequest(self._model, self._client_id, len(prompt_ids) + params.max_tokens)
+        reply = self._open_route(request, params.route_wait)
         while True:
             if not reply.status.ok and reply.status.retryable and reply.session is not None and reply.session.epoch > 1:
                 reply = self._await_route(reply, params.route_wait)  # a failover found no route yet
+            if reply.status.code == StatusCode.NOT_FOUND and reply.session is not None:
+                # The tracker no longer knows the route session (it restarted with its state in
+                # memory, or the lease lapsed): a new one, replayed from token zero like any failover.
+                # The hops that failed it are avoided (the new tracker banned none of them).
+                log("route_session_lost", session=reply.session.session_id, message=reply.status.message)
+                avoid = tuple(dict.fromkeys(NodeId(node) for _, node in self.failovers if node))
+                reply = self._open_route(dataclasses.replace(request, avoid_node_ids=avoid), params.route_wait)
             if not reply.status.ok:
                 raise MeshnetError(reply.status)
             self._lease_seconds = reply.lease_ms / 1000
@@ -279,7 +289,7 @@ class RouteClient:
                     status=failure.status.code.name, message=failure.status.message)
                 if len(self.failovers) >= self._max_failovers:
                     raise MeshnetError(failure.status) from None
-                reply = self._tracker.report_failure(conn.route, NodeId(failure.node_id), failure.status)
+                reply = self._report_failure(conn.route, NodeId(failure.node_id), failure.status, params.route_wait)
                 self.failovers.append((reply.session.epoch if reply.session else 0, failure.node_id))
             finally:
                 self.frames_sent += conn.frames_sent
@@ -384,8 +394,26 @@ class RouteClient:
             pause = min(2.0, pause * 2)
             log("route_retry", session=reply.session.session_id, epoch=reply.session.epoch,
                 status=reply.status.code.name, message=reply.status.message)
-            reply = self._tracker.report_failure(reply.session, NodeId(""), reply.status)
+            reply = self._report_failure(reply.session, NodeId(""), reply.status, wait)
         return reply
+
+    def _report_failure(self, route: t.RouteSession, node: NodeId, status: Status, wait: float) -> tt.RouteReply:
+        """ReportFailure, riding out a tracker that cannot be reached for up to `wait` seconds (a
+        restart, as in _open_route). A tracker that no longer knows the session answers
+        NOT_FOUND, with the session it was asked about: stream() then opens a new route."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                reply = self._tracker.report_failure(route, node, status)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                log("tracker_unavailable", call="ReportFailure", error=err.details())
+                time.sleep(0.2)
+                continue
+            if reply.status.code == StatusCode.NOT_FOUND and reply.session is None:
+                reply = dataclasses.replace(reply, session=route)
+            return reply
 
     def _renew(self, route: t.RouteSession) -> None:
         """Renews the route's lease; if the tracker cannot be reached, tries again in a second,

@@ -49,6 +49,13 @@ class AttackResult:
 ATTACKER_ADDRESS = "127.0.0.2"  # another host than the honest load's 127.0.0.1: per-peer caps tell them apart
 
 
+def _raise_if_unreached(err: grpc.RpcError) -> None:
+    """A call that did not reach a serving tracker (one restarting under a fault) carried no
+    attack: raised, so that run() records it as not carried out, not as a refusal."""
+    if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        raise err
+
+
 @contextlib.contextmanager
 def _silent_sockets(host: str, port: int, count: int):
     socks = []
@@ -130,6 +137,7 @@ class Attacker:
             try:
                 reply = forger.report_audit(tt.ReportAuditRequest((1 << 61) + 7, False, "n" + "0" * 40))
             except grpc.RpcError as err:  # an unenrolled key, refused before its verdict is read
+                _raise_if_unreached(err)
                 return err.code() == grpc.StatusCode.PERMISSION_DENIED, err.code().name
         return reply.status.code == StatusCode.NOT_FOUND, reply.status.code.name
 
@@ -138,6 +146,7 @@ class Attacker:
             try:
                 reply = minted.take_audit()
             except grpc.RpcError as err:
+                _raise_if_unreached(err)
                 return err.code() == grpc.StatusCode.PERMISSION_DENIED, err.code().name
         return False, f"served: {reply.status.code.name}"
 
