@@ -66,7 +66,9 @@ def test_ledger_holds_every_hops_tokens(swarm, tokenizer):
     prefill = sum(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
     expected = {"first": (prefill, 5 * (TOKENS - 1)), "middle": (prefill, 5 * (TOKENS - 1)),
                 "last": (prefill, 5 * (TOKENS - 1))}
-    deadline = time.monotonic() + 10
+    # Nodes report with each heartbeat; under CI's load (four suites at once on 2 cores) the last
+    # hop's final step once reached the ledger after 10 s.
+    deadline = time.monotonic() + 30
     while True:
         ledger = Ledger(swarm.tracker.db)
         totals = {t.node_id: (t.prefill_tokens, t.decode_tokens) for t in ledger.totals()}
