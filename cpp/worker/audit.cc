@@ -1,14 +1,11 @@
-// Audits (docs/adr/0008-verified-outputs.md): the Commitments RPC, the last hop's token
-// commitments, and the test-only cheats that audits are shown to catch.
-#include <algorithm>
-#include <chrono>
+// Audits (docs/adr/0008-verified-outputs.md): the Commitments RPC, which serves what this hop's
+// sessions committed to (HopSession records it) under the node's signature.
 #include <climits>
-#include <cmath>
-#include <cstring>
-#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "cpp/worker/service.h"
-#include "cpp/worker/service_state.h"
 
 namespace meshnet::worker {
 namespace pb = ::meshnet::shard::v1;
@@ -89,39 +86,6 @@ grpc::Status ShardService::Commitments(grpc::ServerContext*, const pb::Commitmen
   reply->set_body(std::move(bytes));
   reply->set_signature(std::move(signature));
   return grpc::Status::OK;
-}
-
-void ShardService::CommitSampled(const SessionKey& key, const Live& live, const std::vector<float>& logits,
-                                 Sampled* sampled) {
-  const size_t n_vocab = static_cast<size_t>(scheduler_->n_vocab());
-  const float temperature = live.sampler ? live.sampler->params().temperature : 0.0f;
-  for (Sampled::Token& token : sampled->tokens) {
-    if (options_.cheat.mode == ServiceOptions::Cheat::Mode::kForgeTokens) {
-      token.id = static_cast<uint32_t>((token.id + 1) % n_vocab);  // test only: a forged token
-    }
-    if (options_.record_commitments) {
-      commitments_.Sampled(key, static_cast<uint32_t>(token.position - 1), static_cast<int32_t>(token.id),
-                           logits[token.row * n_vocab + token.id], temperature);
-    }
-  }
-}
-
-void ShardService::CheatOnRows(std::vector<float>* rows, uint64_t start) {
-  using Mode = ServiceOptions::Cheat::Mode;
-  if (options_.cheat.mode != Mode::kNoise && options_.cheat.mode != Mode::kGarbage) return;
-  const size_t n_embd = static_cast<size_t>(scheduler_->n_embd());
-  std::mt19937_64 rng(0x6d657368ULL ^ start);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (size_t r = 0; r * n_embd < rows->size(); ++r) {
-    float* row = rows->data() + r * n_embd;
-    double sum = 0;
-    for (size_t i = 0; i < n_embd; ++i) sum += double(row[i]) * row[i];
-    const float rms = static_cast<float>(std::sqrt(sum / double(n_embd)));
-    for (size_t i = 0; i < n_embd; ++i) {
-      row[i] = options_.cheat.mode == Mode::kGarbage ? normal(rng) * rms
-                                                     : row[i] + normal(rng) * rms * options_.cheat.noise;
-    }
-  }
 }
 
 }  // namespace meshnet::worker

@@ -15,6 +15,8 @@
 
 namespace meshnet::worker {
 
+inline constexpr uint32_t kMaxDraftTokens = 16;  // drafted tokens per speculative ring step
+
 // Up to `k` tokens following the latest earlier match of the last n tokens of `history`, for n
 // from `max_ngram` down to `min_ngram`; empty when nothing matches or k == 0.
 std::vector<int32_t> PromptLookupDraft(const std::vector<int32_t>& history, uint32_t k,

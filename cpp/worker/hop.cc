@@ -1,6 +1,9 @@
 #include "cpp/worker/hop.h"
 
 #include <cmath>
+#include <string>
+
+#include "cpp/worker/draft.h"
 
 namespace meshnet::worker {
 
@@ -143,6 +146,24 @@ Status CheckFinite(const std::vector<float>& values, int width) {
     }
   }
   return OkStatus();
+}
+
+Status CheckDrafts(const protocol::SeamFrame& frame, int n_vocab) {
+  const auto& drafts = frame.draft_token_ids;
+  if (!frame.ring || frame.phase != protocol::Phase::kDecode || drafts.size() > kMaxDraftTokens ||
+      drafts.size() + 1 != frame.span->count) {
+    return protocol::InvalidArgumentError(
+        std::to_string(drafts.size()) + " drafted tokens for a span of " +
+        std::to_string(frame.span->count) + " (a ring decode step drafts at most " +
+        std::to_string(kMaxDraftTokens) + ", one fewer than its span)");
+  }
+  for (uint32_t token : drafts) {
+    if (token >= static_cast<uint32_t>(n_vocab)) {
+      return protocol::InvalidArgumentError("drafted token id " + std::to_string(token) +
+                                            " is outside the vocabulary");
+    }
+  }
+  return protocol::OkStatus();
 }
 
 }  // namespace meshnet::worker

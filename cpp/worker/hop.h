@@ -78,6 +78,10 @@ protocol::Limits StepLimits(uint32_t rows, int n_embd, bool compression);
 // (else INVALID_ARGUMENT). Other fragments pass.
 protocol::Status CheckFragment(const protocol::TensorFragment& fragment, bool compression);
 
+// A speculative ring step's drafted ids: one fewer than its span, at most kMaxDraftTokens
+// (draft.h), each inside a vocabulary of `n_vocab`.
+protocol::Status CheckDrafts(const protocol::SeamFrame& frame, int n_vocab);
+
 // INVALID_ARGUMENT naming the first NaN or infinity in `values` (rows of `width`).
 protocol::Status CheckFinite(const std::vector<float>& values, int width);
 

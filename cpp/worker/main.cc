@@ -239,22 +239,18 @@ int main(int argc, char** argv) {
     service_options.node_key.assign(reinterpret_cast<const char*>(seed.data()), seed.size());
     unsetenv("MESHNET_NODE_KEY");
   }
-  // Test only: a cheating worker (issue 17), which audits must catch.
+  // Test only: a cheating worker (issue 17), which audits must catch. skip_layer is the
+  // engine's (one layer fewer loaded, above); the others act on the step's output (cheats.h).
   if (flags.count("cheat")) {
-    using Mode = meshnet::worker::ServiceOptions::Cheat::Mode;
     const std::string cheat = flags["cheat"];
-    if (cheat == "garbage") {
-      service_options.cheat.mode = Mode::kGarbage;
-    } else if (cheat == "forge_tokens") {
-      service_options.cheat.mode = Mode::kForgeTokens;
-    } else if (cheat == "skip_layer") {
-      // the engine was opened without one layer of the range (above); nothing more to do here
-    } else if (cheat.rfind("noise:", 0) == 0 && std::atof(cheat.c_str() + 6) > 0) {
-      service_options.cheat.mode = Mode::kNoise;
-      service_options.cheat.noise = static_cast<float>(std::atof(cheat.c_str() + 6));
-    } else {
-      std::cerr << "worker: --cheat must be noise:FRACTION, garbage, forge_tokens or skip_layer\n";
-      return 2;
+    if (cheat != "skip_layer") {
+      std::string error;
+      service_options.cheat = meshnet::worker::MakeCheat(cheat, &error);
+      if (service_options.cheat == nullptr) {
+        std::cerr << "worker: --cheat must be noise:FRACTION, garbage, forge_tokens or skip_layer ("
+                  << error << ")\n";
+        return 2;
+      }
     }
     std::cerr << "worker: TEST ONLY: this worker cheats (" << cheat << ")\n";
   }
