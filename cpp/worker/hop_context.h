@@ -42,10 +42,12 @@ struct HopCounters {
   std::atomic<uint64_t> drafted_tokens{0};
   std::atomic<uint64_t> accepted_drafts{0};
   std::atomic<uint64_t> rewound_rows{0};
-  // StepTimes: where completed steps spent their time (microseconds, summed): from the frame's
-  // arrival to the scheduler, waiting for the engine, after it (sampling, commitments), handing
-  // the step on (next hop or ring), and writing the reply upstream.
-  std::atomic<uint64_t> steps{0}, admit_us{0}, wait_us{0}, after_us{0}, send_us{0}, reply_us{0};
+  // StepTimes: where completed decode steps spent their time (microseconds, summed): from the
+  // frame's arrival to the scheduler, waiting for the engine (of which queued, and the engine's
+  // batch), after it (sampling, commitments), handing the step on (next hop or ring), and
+  // writing the reply upstream.
+  std::atomic<uint64_t> steps{0}, admit_us{0}, wait_us{0}, queue_us{0}, engine_us{0};
+  std::atomic<uint64_t> after_us{0}, send_us{0}, reply_us{0};
 };
 
 struct HopContext {

@@ -88,19 +88,24 @@ std::optional<protocol::SeamReply> HopSession::Step(const SessionKey& key, Sessi
   if (deadline.Spent(Clock::now())) return hop_.Reply(frame, late);
   const Clock::time_point submitting = Clock::now();
   std::vector<float> out;
-  Status computed = Compute(std::move(item), deadline, late, &out);
+  EngineTimes engine;
+  Status computed = Compute(std::move(item), deadline, late, &out, &engine);
   if (!computed.ok()) return hop_.Reply(frame, computed);  // Handle ends a new session
   const Clock::time_point done = Clock::now();
   Clock::time_point sending = done;
   Status ringed = OkStatus();
   Status output = Output(key, info, frame, out, deadline, &sending, &ringed);
   if (!output.ok()) return hop_.Reply(frame, output);
-  HopCounters& counters = *hop_.counters;
-  counters.steps.fetch_add(1);
-  counters.admit_us.fetch_add(MicrosBetween(received, submitting));
-  counters.wait_us.fetch_add(MicrosBetween(submitting, done));
-  counters.after_us.fetch_add(MicrosBetween(done, sending));
-  counters.send_us.fetch_add(MicrosSince(sending));
+  if (frame.phase == Phase::kDecode) {  // Health's StepTimes: the steady state
+    HopCounters& counters = *hop_.counters;
+    counters.steps.fetch_add(1);
+    counters.admit_us.fetch_add(MicrosBetween(received, submitting));
+    counters.wait_us.fetch_add(MicrosBetween(submitting, done));
+    counters.queue_us.fetch_add(MicrosBetween(submitting, engine.start));
+    counters.engine_us.fetch_add(MicrosBetween(engine.start, engine.end));
+    counters.after_us.fetch_add(MicrosBetween(done, sending));
+    counters.send_us.fetch_add(MicrosSince(sending));
+  }
   const uint64_t length = start + count;
   protocol::SeamReply reply = hop_.Reply(frame, OkStatus(), length);
   hop_.table->RecordStep(key, frame.step, reply, length, count, frame.phase == Phase::kDecode);
@@ -142,7 +147,7 @@ Status HopSession::Input(const SessionKey& key, const protocol::SeamFrame& frame
 }
 
 Status HopSession::Compute(WorkItem item, const StepDeadline& deadline, const Status& late,
-                           std::vector<float>* out) {
+                           std::vector<float>* out, EngineTimes* engine) {
   item.deadline = deadline.deadline();
   item.claim = std::make_shared<StepClaim>();
   std::shared_ptr<StepClaim> claim = item.claim;
@@ -157,6 +162,7 @@ Status HopSession::Compute(WorkItem item, const StepDeadline& deadline, const St
   StepOutcome outcome = WaitForStep(ready, *claim, deadline.deadline(), late);
   if (!outcome.first.ok()) return outcome.first;
   *out = std::move(outcome.second);
+  *engine = {claim->engine_start(), claim->engine_end()};  // the engine wrote them before delivering
   return OkStatus();
 }
 

@@ -58,9 +58,13 @@ class HopSession {
   // Where the step's input came from: the engine's work item, filled (false: more fragments).
   protocol::Status Input(const SessionKey& key, const protocol::SeamFrame& frame, WorkItem* item,
                          bool* complete);
+  // When the engine's batch that finished a step started and ended.
+  struct EngineTimes {
+    Clock::time_point start, end;
+  };
   // Submits `item` and waits for it within `deadline`: the engine's output rows (or logits).
   protocol::Status Compute(WorkItem item, const StepDeadline& deadline, const protocol::Status& late,
-                           std::vector<float>* out);
+                           std::vector<float>* out, EngineTimes* engine);
   // Samples, commits, rings and publishes (last hop) or commits and forwards (else); *sending is
   // when the step started handing on.
   protocol::Status Output(const SessionKey& key, const SessionInfo& info,

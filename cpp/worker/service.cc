@@ -183,6 +183,8 @@ grpc::Status ShardService::Health(grpc::ServerContext*, const pb::HealthRequest*
   times->set_after_us(counters_.after_us.load());
   times->set_send_us(counters_.send_us.load());
   times->set_reply_us(counters_.reply_us.load());
+  times->set_queue_us(counters_.queue_us.load());
+  times->set_engine_us(counters_.engine_us.load());
   return grpc::Status::OK;
 }
 
@@ -240,7 +242,7 @@ grpc::Status ShardService::Seam(grpc::ServerContext* context,
     if (reply.has_value()) {
       const Clock::time_point writing = Clock::now();
       call->Write(*reply);
-      counters_.reply_us.fetch_add(MicrosSince(writing));
+      if (message.phase() == pb::PHASE_DECODE) counters_.reply_us.fetch_add(MicrosSince(writing));
     }
   }
   for (const SessionKey& key : owned) {  // stream loss frees every session still bound to it

@@ -65,9 +65,20 @@ class StepClaim {
   bool Abandon();
   bool abandoned() const { return state_.load() == kAbandoned; }
 
+  // Engine thread, before it delivers the step: when the batch that finished it started and
+  // ended decoding. The waiter reads them once the result reached it (Health's StepTimes split
+  // its wait into queueing, the engine, and waking up).
+  void SetEngineTimes(Clock::time_point start, Clock::time_point end) {
+    engine_start_ = start;
+    engine_end_ = end;
+  }
+  Clock::time_point engine_start() const { return engine_start_; }
+  Clock::time_point engine_end() const { return engine_end_; }
+
  private:
   enum : int { kOpen, kClaimed, kAbandoned };
   std::atomic<int> state_{kOpen};
+  Clock::time_point engine_start_{}, engine_end_{};
 };
 
 using StepOutcome = std::pair<protocol::Status, std::vector<float>>;

@@ -286,10 +286,11 @@ void Scheduler::Step(engine::Context& ctx) {
     }
   }
   std::string error;
-  const auto decode_start = std::chrono::steady_clock::now();
+  const Clock::time_point decode_start = Clock::now();
   bool ok = ctx.Decode(batch, &error);
-  const auto decode_us = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::steady_clock::now() - decode_start).count();
+  const Clock::time_point decode_end = Clock::now();
+  const auto decode_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(decode_end - decode_start).count();
   std::vector<std::shared_ptr<Pending>> finished, abandoned;
   int row = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -315,6 +316,7 @@ void Scheduler::Step(engine::Context& ctx) {
     p.done_rows += plan[i].count;
     lengths_[p.item.seq] = p.item.pos + p.done_rows;
     if (p.done_rows < p.rows) continue;
+    if (p.item.claim) p.item.claim->SetEngineTimes(decode_start, decode_end);
     if (p.item.claim && !p.item.claim->Claim()) {  // its waiter gave up meanwhile
       Undo(ctx, p);
       abandoned.push_back(planned[i]);

@@ -62,7 +62,7 @@ LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_r
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
          "gguf_ring_3_nodes_spec", "gateway_3_nodes", *AUDIT_LANES, "gguf_ring_3_nodes_optimized_kernels",
-         "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES, *BIG_MODEL_LANES, *VULKAN_LANES)
+         "gguf_ring_1_node_optimized_kernels", "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES, *BIG_MODEL_LANES, *VULKAN_LANES)
 # Run by default: every lane but the Vulkan ones, which need a worker linked with Vulkan and, on
 # Mesa's lavapipe, take minutes for what the CPU lanes do in seconds (named with --lanes).
 DEFAULT_LANES = tuple(name for name in LANES if name not in VULKAN_LANES)
@@ -80,6 +80,9 @@ LABELS = {
     "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
     "gguf_ring_3_nodes_optimized_kernels": "GGUF route, {k} nodes, ring decode, upstream's CPU kernels and F16 flash "
                                            "attention (batched sessions may differ from solo; ADR 0009, 0010)",
+    "gguf_ring_1_node_optimized_kernels": "GGUF route, 1 node, ring decode, upstream's CPU kernels and F16 flash "
+                                          "attention: against gguf_ring_1_node, what batch invariance costs at c=8; "
+                                          "against llama.cpp batched, the runtime's own cost (issue 31)",
     "gguf_ring_3_nodes_f32_matmul": "GGUF route, {k} nodes, ring decode, F32 matmul activations (quantized weights "
                                     "dequantized; the recipe of ADR 0012)",
     "gguf_ring_3_nodes_unaudited": "GGUF route, {k} nodes, ring decode, no commitments, no audits",
@@ -392,6 +395,9 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         "gguf_ring_3_nodes_optimized_kernels": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                                    options=RouteOptions(ring=True,
                                                                                         reference_kernels=False)),
+        "gguf_ring_1_node_optimized_kernels": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress,
+                                                                  options=RouteOptions(ring=True,
+                                                                                       reference_kernels=False)),
         "gguf_ring_3_nodes_f32_matmul": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                             options=RouteOptions(ring=True, matmul_activations="f32")),
         "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,

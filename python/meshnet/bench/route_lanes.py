@@ -162,16 +162,18 @@ def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[
 
 
 def hop_stages(before: Sequence[shard_pb2.HealthReply], after: Sequence[shard_pb2.HealthReply]) -> list[dict]:
-    """Each hop's mean microseconds per completed step in each stage of its worker, between two
-    Health snapshots (StepTimes, issue 31); None where the hop timed no step."""
+    """Each hop's mean microseconds per completed decode step in each stage of its worker, between
+    two Health snapshots (StepTimes, issue 31), with the wait split into queue, engine and the
+    waiter's wake-up; None where the hop timed no step."""
     out = []
     for b, a in zip(before, after):
         steps = a.step_times.steps - b.step_times.steps
         stages: dict = {"steps": steps}
-        for name in ("admit_us", "wait_us", "after_us", "send_us", "reply_us"):
+        for name in ("admit_us", "wait_us", "queue_us", "engine_us", "after_us", "send_us", "reply_us"):
             spent = getattr(a.step_times, name) - getattr(b.step_times, name)
             stages[name] = round(spent / steps, 1) if steps else None
-        stages["compute_us"] = round((a.compute_us - b.compute_us) / steps, 1) if steps else None
+        stages["wake_us"] = (round(stages["wait_us"] - stages["queue_us"] - stages["engine_us"], 1)
+                             if steps else None)
         out.append(stages)
     return out
 

@@ -7,19 +7,21 @@ from meshnet.bench.route_lanes import hop_stages
 from meshnet.shard.v1 import shard_pb2
 
 
-def health(steps: int, admit: int, wait: int, after: int, send: int, reply: int, compute: int) -> shard_pb2.HealthReply:
-    return shard_pb2.HealthReply(compute_us=compute, step_times=shard_pb2.StepTimes(
-        steps=steps, admit_us=admit, wait_us=wait, after_us=after, send_us=send, reply_us=reply))
+def health(steps: int, admit: int, wait: int, queue: int, engine: int, after: int, send: int,
+           reply: int) -> shard_pb2.HealthReply:
+    return shard_pb2.HealthReply(step_times=shard_pb2.StepTimes(
+        steps=steps, admit_us=admit, wait_us=wait, queue_us=queue, engine_us=engine, after_us=after,
+        send_us=send, reply_us=reply))
 
 
 def test_hop_stages_are_means_per_step_between_snapshots():
-    before = [health(10, 100, 5000, 20, 300, 40, 4000), health(0, 0, 0, 0, 0, 0, 0)]
-    after = [health(14, 180, 7000, 60, 700, 80, 5600), health(0, 0, 0, 0, 0, 0, 0)]
+    before = [health(10, 100, 5000, 300, 4000, 20, 300, 40), health(0, 0, 0, 0, 0, 0, 0, 0)]
+    after = [health(14, 180, 7000, 340, 5600, 60, 700, 80), health(0, 0, 0, 0, 0, 0, 0, 0)]
     stages = hop_stages(before, after)
     assert stages == [
-        {"steps": 4, "admit_us": 20.0, "wait_us": 500.0, "after_us": 10.0, "send_us": 100.0, "reply_us": 10.0,
-         "compute_us": 400.0},
-        {"steps": 0, "admit_us": None, "wait_us": None, "after_us": None, "send_us": None, "reply_us": None,
-         "compute_us": None}]  # a hop that timed no step (the reference backend reports none)
+        {"steps": 4, "admit_us": 20.0, "wait_us": 500.0, "queue_us": 10.0, "engine_us": 400.0, "wake_us": 90.0,
+         "after_us": 10.0, "send_us": 100.0, "reply_us": 10.0},
+        {"steps": 0, "admit_us": None, "wait_us": None, "queue_us": None, "engine_us": None, "wake_us": None,
+         "after_us": None, "send_us": None, "reply_us": None}]  # a hop that timed no step (the reference backend)
     cell = {"prompt_tokens": 8, "concurrency": 1, "hop_stages": stages}
     assert schema.problems({"lanes": {"ring": {"cells": [cell]}}}) == []

@@ -17,14 +17,16 @@ Number = Union[int, float]
 
 
 class HopStages(TypedDict, total=False):
-    """One hop's mean time per completed step in each stage of its worker, over a cell (its
+    """One hop's mean time per completed decode step in each stage of its worker, over a cell (its
     Health's StepTimes before and after; microseconds). None where the hop reports none (the
     reference backend)."""
 
-    steps: int
+    steps: int  # decode steps
     admit_us: Optional[Number]  # frame received to submitted: decoding, checks, unpacking, commitments
-    wait_us: Optional[Number]  # submitted to the engine's result: queue and the batch's compute
-    compute_us: Optional[Number]  # the engine's decode time per step (Health compute_us)
+    wait_us: Optional[Number]  # submitted to the engine's result: queue_us + engine_us + wake_us
+    queue_us: Optional[Number]  # submitted to the start of the batch that ran the step
+    engine_us: Optional[Number]  # that batch's decode
+    wake_us: Optional[Number]  # the batch's end to the waiting thread running again
     after_us: Optional[Number]  # sampling, commitments
     send_us: Optional[Number]  # encoding and writing to the next hop, or the ring and results
     reply_us: Optional[Number]  # the reply upstream
