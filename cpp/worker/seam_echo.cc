@@ -5,14 +5,16 @@
 // close to this, gRPC is the floor.
 //
 // Usage: seam_echo [--bytes=2304] [--frames=2000] [--warmup=200] [--tls=0|1]
-//                  [--server=sync|callback] [--client=sequential|concurrent] [--out=FILE.json]
+//                  [--server=sync|callback] [--client=sequential|concurrent|callback]
+//                  [--out=FILE.json]
 // --bytes is the fragment's payload (2304: one 576-wide f32 row, SmolLM2's decode step).
 // --server=sync is the worker's server today (a thread per call, blocking Read/Write);
 // callback is gRPC's callback API (a reactor, no thread per call). Each frame is a SeamFrame
 // with a session, span, step and fragment, answered by a SeamReply with a status and cache, as
 // a hop answers. --client=sequential writes a frame and reads its answer on one thread;
 // concurrent reads answers on a second thread, as the worker's Downstream does, and writes the
-// next frame once the answer is in. Prints one JSON object: round trip, the Write call alone,
+// next frame once the answer is in; callback uses gRPC's callback client (StartWrite returns at
+// once, answers arrive in OnReadDone). Prints one JSON object: round trip, the Write call alone,
 // and one way (the frame's Write to the server's Read returning), in microseconds (p50, p90,
 // p99, mean).
 #include <grpcpp/grpcpp.h>
@@ -165,6 +167,64 @@ class AnswerReader {
   std::thread thread_;
 };
 
+// gRPC's callback client: frames written with StartWrite from the caller's thread (a hold keeps
+// the call open for that), answers read in OnReadDone.
+class CallbackClient final : public grpc::ClientBidiReactor<pb::SeamFrame, pb::SeamReply> {
+ public:
+  explicit CallbackClient(pb::Shard::Stub* stub) {
+    stub->async()->Seam(&context_, this);
+    StartRead(&reply_);
+    AddHold();
+    StartCall();
+  }
+  void Write(const pb::SeamFrame* frame) { StartWrite(frame); }
+  // Waits for the write to complete and the answer to `step`; when the answer was read.
+  Clock::time_point Await(uint64_t step) {
+    std::unique_lock<std::mutex> lock(mu_);
+    ready_.wait(lock, [&] { return (last_ >= step && written_) || done_; });
+    written_ = false;
+    return at_;
+  }
+  bool Finish() {
+    StartWritesDone();
+    RemoveHold();
+    std::unique_lock<std::mutex> lock(mu_);
+    ready_.wait(lock, [&] { return done_; });
+    return status_.ok();
+  }
+  void OnWriteDone(bool) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    written_ = true;
+    ready_.notify_all();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_ = reply_.step();
+      at_ = Clock::now();
+      ready_.notify_all();
+    }
+    StartRead(&reply_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    done_ = true;
+    ready_.notify_all();
+  }
+
+ private:
+  grpc::ClientContext context_;
+  pb::SeamReply reply_;
+  std::mutex mu_;
+  std::condition_variable ready_;
+  uint64_t last_ = 0;
+  bool written_ = false, done_ = false;
+  Clock::time_point at_;
+  grpc::Status status_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,8 +272,19 @@ int main(int argc, char** argv) {
 
   auto stub = pb::Shard::NewStub(
       grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), channel_credentials, args));
+  const std::string client_kind = flags.count("client") ? flags["client"] : "sequential";
+  if (client_kind != "sequential" && client_kind != "concurrent" && client_kind != "callback") {
+    std::cerr << "seam_echo: --client=sequential|concurrent|callback\n";
+    return 2;
+  }
+  std::unique_ptr<CallbackClient> callback;
   grpc::ClientContext context;
-  auto stream = stub->Seam(&context);
+  std::unique_ptr<grpc::ClientReaderWriter<pb::SeamFrame, pb::SeamReply>> stream;
+  if (client_kind == "callback") {
+    callback = std::make_unique<CallbackClient>(stub.get());
+  } else {
+    stream = stub->Seam(&context);
+  }
   pb::SeamFrame frame;
   frame.mutable_session()->set_session_id("echo-session-0123456789abcdef");
   frame.mutable_session()->set_epoch(1);
@@ -221,7 +292,7 @@ int main(int argc, char** argv) {
   frame.mutable_span()->set_count(1);
   frame.mutable_fragment()->set_count(1);
   frame.mutable_fragment()->set_data(std::string(static_cast<size_t>(bytes), '\x5a'));
-  const bool concurrent = flags.count("client") && flags["client"] == "concurrent";
+  const bool concurrent = client_kind == "concurrent";
   std::unique_ptr<AnswerReader> reader;
   if (concurrent) reader = std::make_unique<AnswerReader>(stream.get());
   std::vector<double> rtt_us, write_us, one_way_us;
@@ -231,10 +302,17 @@ int main(int argc, char** argv) {
     frame.set_step(step);
     frame.mutable_span()->set_start(static_cast<uint64_t>(128 + i));
     const Clock::time_point sent = Clock::now();
-    bool written = stream->Write(frame);
+    bool written = true;
+    if (callback != nullptr) {
+      callback->Write(&frame);
+    } else {
+      written = stream->Write(frame);
+    }
     const Clock::time_point wrote = Clock::now();
     Clock::time_point answered;
-    if (concurrent) {
+    if (callback != nullptr) {
+      answered = callback->Await(step);
+    } else if (concurrent) {
       answered = written ? reader->Await(step) : wrote;
     } else {
       if (written && (!stream->Read(&reply) || reply.step() != step)) written = false;
@@ -250,8 +328,13 @@ int main(int argc, char** argv) {
     std::lock_guard<std::mutex> lock(received_mu);
     one_way_us.push_back(Micros(sent, received_at[step]));
   }
-  stream->WritesDone();
-  grpc::Status finished = stream->Finish();
+  grpc::Status finished;
+  if (callback != nullptr) {
+    if (!callback->Finish()) finished = grpc::Status(grpc::StatusCode::UNKNOWN, "callback call failed");
+  } else {
+    stream->WritesDone();
+    finished = stream->Finish();
+  }
   reader.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (!finished.ok()) {
@@ -259,7 +342,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::string json = "{\"server\": \"" + server_kind + "\", \"client\": \"" +
-                     (concurrent ? "concurrent" : "sequential") + "\", \"tls\": " +
+                     client_kind + "\", \"tls\": " +
                      (tls ? "true" : "false") + ", \"payload_bytes\": " + std::to_string(bytes) +
                      ", \"frame_bytes\": " + std::to_string(frame.ByteSizeLong()) +
                      ", \"frames\": " + std::to_string(frames) + ", \"rtt_us\": " + Summary(rtt_us) +

@@ -49,8 +49,10 @@ std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget
 }
 
 Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
-  options_.context.n_batch = std::max(options_.context.n_batch, options_.max_batch_tokens);
-  options_.context.n_ubatch = std::max(options_.context.n_ubatch, options_.max_batch_tokens);
+  // A Decode never holds more rows than PlanBatch allows: the context's buffers (the graph's
+  // compute buffer, the outputs) are sized to that, not to llama.cpp's default of 512.
+  options_.max_batch_tokens = std::max(1, options_.max_batch_tokens);
+  options_.context.n_batch = options_.context.n_ubatch = options_.max_batch_tokens;
   options_.max_prefill_chunk = std::max(1, options_.max_prefill_chunk);
   lengths_.assign(std::max(1, options_.context.n_seq), 0);
   owner_floor_.assign(lengths_.size(), 0);

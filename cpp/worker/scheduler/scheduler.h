@@ -81,7 +81,7 @@ std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget
 
 struct SchedulerOptions {
   engine::ModelOptions model;
-  engine::ContextOptions context;  // n_batch/n_ubatch are raised to max_batch_tokens
+  engine::ContextOptions context;  // n_batch/n_ubatch are set to max_batch_tokens
   int max_batch_tokens = 256;      // rows per Decode
   int max_prefill_chunk = 128;     // rows of one prefill per Decode (bounds decode latency)
   int max_queue = 64;              // pending items before Submit refuses
