@@ -22,12 +22,13 @@ def meshnet_binary(name, main, deps, flags = {}):
         deps = deps,
     )
 
-def role_library(name, deps = [], visibility = ["//visibility:public"], **kwargs):
-    """The py_library of a python/meshnet/<role>/ package: every module but the tests, importable
-    as meshnet.<role>.* (python/ is the import root)."""
+def role_library(name, deps = [], visibility = ["//visibility:public"], test_support = [], **kwargs):
+    """The py_library of a python/meshnet/<role>/ package: every module but the tests and the
+    `test_support` modules (shared test fixtures, which get a testonly library of their own),
+    importable as meshnet.<role>.* (python/ is the import root)."""
     native.py_library(
         name = name,
-        srcs = native.glob(["*.py"], exclude = ["*_test.py"]),
+        srcs = native.glob(["*.py"], exclude = ["*_test.py"] + test_support),
         imports = ["../.."],
         visibility = visibility,
         deps = deps,

@@ -14,27 +14,12 @@ import pytest
 
 from meshnet.tracker.ledger import ClientTotals, Ledger, NodeTotals, WorkRefused
 from meshnet.tracker.ledger import main as ledger_main
-from meshnet.tracker.postgres_server import server_or_skip
+from meshnet.tracker.ledger_fixtures import db, postgres  # noqa: F401 (pytest fixtures)
 from meshnet.wire.seam import RouteSession
 from meshnet.wire.status import StatusCode
 from meshnet.wire.tracker import WorkEntry
 
 CAP = 1 << 24  # the registry's MAX_EXPECTED_TOKENS: the largest cap a route can have
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    server = server_or_skip()
-    yield server
-    server.teardown()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path):
-    """Where a new ledger goes: a SQLite file's path, or the URL of a new schema on a PostgreSQL server."""
-    if request.param == "sqlite":
-        return tmp_path / "ledger.db"
-    return request.getfixturevalue("postgres").new_schema()
 
 
 @pytest.fixture

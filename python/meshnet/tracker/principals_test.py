@@ -10,7 +10,7 @@ import pytest
 
 from meshnet.identity.keys import Identity
 from meshnet.tracker.ledger import Ledger
-from meshnet.tracker.postgres_server import server_or_skip
+from meshnet.tracker.ledger_fixtures import db, postgres  # noqa: F401 (pytest fixtures)
 from meshnet.tracker.principals import (DEFAULT_MAX_ROUTES, MAX_ROUTES_LIMIT, Enrolment, Principals, main,
                                         public_key_of, validate)
 
@@ -84,20 +84,6 @@ def test_an_enrolment_the_tracker_could_not_act_on_is_refused():
                 Enrolment(ALICE, "client", "", MAX_ROUTES_LIMIT + 1), Enrolment(ALICE, "client", "a\nb")):
         with pytest.raises(ValueError):
             validate(bad)
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    server = server_or_skip()
-    yield server
-    server.teardown()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path):
-    if request.param == "sqlite":
-        return tmp_path / "ledger.db"
-    return request.getfixturevalue("postgres").new_schema()
 
 
 def test_enrolments_are_kept_in_the_ledger(db):
