@@ -42,28 +42,14 @@
 
 #include "cpp/engine/devices.h"
 #include "cpp/protocol/ticket.h"
+#include "cpp/worker/flags.h"
 #include "cpp/worker/scheduler/scheduler.h"
 #include "cpp/worker/service.h"
 
 namespace {
 
-bool ParseFlags(int argc, char** argv, std::map<std::string, std::string>* flags) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      std::cerr << "worker: expected --name=value, got " << arg << "\n";
-      return false;
-    }
-    (*flags)[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
-  }
-  return true;
-}
-
-int Int(const std::map<std::string, std::string>& flags, const std::string& name, int fallback) {
-  auto it = flags.find(name);
-  return it == flags.end() ? fallback : std::atoi(it->second.c_str());
-}
+using meshnet::worker::IntFlag;
+using meshnet::worker::ParseFlags;
 
 bool ReadFile(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
@@ -116,8 +102,8 @@ int main(int argc, char** argv) {
   // (measured in soak_test.cc). Two arenas keep it flat at no measurable cost here.
   mallopt(M_ARENA_MAX, 2);
   std::map<std::string, std::string> flags;
-  const bool parsed = ParseFlags(argc, argv, &flags);
-  if (parsed && Int(flags, "list_devices", 0) != 0) return ListDevices();
+  const bool parsed = ParseFlags(argc, argv, "worker", &flags);
+  if (parsed && IntFlag(flags, "list_devices", 0) != 0) return ListDevices();
   if (!parsed || !flags.count("model")) {
     std::cerr << "usage: worker --model=PATH --node_id=ID --tracker_key=HEX "
                  "(--tls_cert=PEM --tls_key=PEM | --insecure=1) [--layers=A:B] ...\n";
@@ -140,7 +126,7 @@ int main(int argc, char** argv) {
     std::cerr << "worker: --node_id is required (the id the tracker registered)\n";
     return 2;
   }
-  const bool insecure = Int(flags, "insecure", 0) != 0;
+  const bool insecure = IntFlag(flags, "insecure", 0) != 0;
   std::string tls_cert, tls_key;
   if (!insecure && (!ReadFile(flags["tls_cert"], &tls_cert) ||
                     !ReadFile(flags["tls_key"], &tls_key))) {
@@ -184,28 +170,28 @@ int main(int argc, char** argv) {
       options.model.layer_end = registered_end - 1;
     }
   }
-  const int max_sessions = Int(flags, "max_sessions", 8);
+  const int max_sessions = IntFlag(flags, "max_sessions", 8);
   options.context.n_seq = max_sessions;
-  options.context.n_ctx = Int(flags, "n_ctx", 4096);
-  options.context.n_threads = Int(flags, "threads", 2);
+  options.context.n_ctx = IntFlag(flags, "n_ctx", 4096);
+  options.context.n_threads = IntFlag(flags, "threads", 2);
   // Default: one KV stream per session, so a session's output does not depend on which other
   // sessions share its batches (bit-identical to running it alone). --unified_kv=1 shares one
   // stream (any session may use all of n_ctx); attention there stays flash attention's per-row
   // kernel over an F16 cache, the batch-invariant choice for a shared stream (UsesF32Attention).
-  options.context.unified_kv = Int(flags, "unified_kv", 0) != 0;
+  options.context.unified_kv = IntFlag(flags, "unified_kv", 0) != 0;
   // --reference_kernels=0: ggml's optimized CPU kernels, whose results depend on batch shape
   // (ADR 0009); benchmarks of what batch invariance costs only.
-  options.context.reference_kernels = Int(flags, "reference_kernels", 1) != 0;
+  options.context.reference_kernels = IntFlag(flags, "reference_kernels", 1) != 0;
   // --f32_attention=0: flash attention over an F16 KV cache, as upstream runs on CPU; its per-row
   // kernel sums V in F16, which costs agreement with fp32 math (ADR 0010); benchmarks only.
-  options.context.f32_attention = Int(flags, "f32_attention", 1) != 0;
+  options.context.f32_attention = IntFlag(flags, "f32_attention", 1) != 0;
   // --f32_matmul_activations=1: quantized weights are dequantized and dotted with F32 activations
   // instead of quantized ones (ADR 0012); the model's certified recipe says which.
-  options.context.f32_matmul_activations = Int(flags, "f32_matmul_activations", 0) != 0;
-  options.max_batch_tokens = Int(flags, "max_batch_tokens", 256);
-  options.max_prefill_chunk = Int(flags, "max_prefill_chunk", 128);
-  options.max_queue = Int(flags, "queue", 64);
-  options.batch_window = std::chrono::microseconds(Int(flags, "batch_window_us", 0));
+  options.context.f32_matmul_activations = IntFlag(flags, "f32_matmul_activations", 0) != 0;
+  options.max_batch_tokens = IntFlag(flags, "max_batch_tokens", 256);
+  options.max_prefill_chunk = IntFlag(flags, "max_prefill_chunk", 128);
+  options.max_queue = IntFlag(flags, "queue", 64);
+  options.batch_window = std::chrono::microseconds(IntFlag(flags, "batch_window_us", 0));
   // On a GPU device, batches are shaped so that a row's numbers do not depend on its company
   // (BatchShape, ADR 0015); the CPU's reference kernels need no such limit.
   options.batch_shape = meshnet::worker::BatchShapeFor(options.model.device);
@@ -223,7 +209,7 @@ int main(int argc, char** argv) {
   service_options.layer_start = static_cast<uint32_t>(registered_start);
   service_options.layer_end =
       static_cast<uint32_t>(registered_end > 0 ? registered_end : scheduler->layer_end());
-  service_options.compression = Int(flags, "compression", 0) != 0;
+  service_options.compression = IntFlag(flags, "compression", 0) != 0;
   // The node's token for TakeWork comes through the environment, never argv (world-readable).
   if (const char* token = std::getenv("MESHNET_SUPERVISOR_TOKEN")) {
     service_options.supervisor_token = token;
@@ -254,17 +240,17 @@ int main(int argc, char** argv) {
     }
     std::cerr << "worker: TEST ONLY: this worker cheats (" << cheat << ")\n";
   }
-  service_options.record_commitments = Int(flags, "commitments", 1) != 0;
+  service_options.record_commitments = IntFlag(flags, "commitments", 1) != 0;
   service_options.insecure = insecure;
   service_options.sessions.max_sessions = max_sessions;
-  service_options.sessions.idle = std::chrono::seconds(Int(flags, "idle_seconds", 300));
+  service_options.sessions.idle = std::chrono::seconds(IntFlag(flags, "idle_seconds", 300));
   service_options.ticket_deadline =
-      std::chrono::milliseconds(Int(flags, "ticket_deadline_ms", 10000));
+      std::chrono::milliseconds(IntFlag(flags, "ticket_deadline_ms", 10000));
   // A step without a budget_ms fails DEADLINE_EXCEEDED after this; connecting to the next hop
   // fails UNAVAILABLE after the other (or the step's deadline, if sooner).
-  service_options.max_step = std::chrono::milliseconds(Int(flags, "max_step_ms", 120000));
+  service_options.max_step = std::chrono::milliseconds(IntFlag(flags, "max_step_ms", 120000));
   service_options.connect_timeout =
-      std::chrono::milliseconds(Int(flags, "connect_timeout_ms", 10000));
+      std::chrono::milliseconds(IntFlag(flags, "connect_timeout_ms", 10000));
   if (service_options.max_step.count() <= 0 || service_options.connect_timeout.count() <= 0) {
     std::cerr << "worker: --max_step_ms and --connect_timeout_ms must be positive\n";
     return 2;
@@ -285,8 +271,8 @@ int main(int argc, char** argv) {
                            &port);
   builder.SetMaxReceiveMessageSize(kMaxFrameBytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             Int(flags, "max_concurrent_streams", 32));
-  const int keepalive_ms = Int(flags, "keepalive_ms", 2000);
+                             IntFlag(flags, "max_concurrent_streams", 32));
+  const int keepalive_ms = IntFlag(flags, "keepalive_ms", 2000);
   if (keepalive_ms <= 0) {
     std::cerr << "worker: --keepalive_ms must be positive\n";
     return 2;
@@ -296,7 +282,7 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   grpc::ResourceQuota quota("meshnet-worker");
-  quota.SetMaxThreads(Int(flags, "max_threads", 64));
+  quota.SetMaxThreads(IntFlag(flags, "max_threads", 64));
   builder.SetResourceQuota(quota);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -35,6 +35,7 @@
 
 #include "cpp/protocol/ticket.h"
 #include "cpp/protocol/ticket_signer_for_tests.h"
+#include "cpp/worker/flags.h"
 #include "cpp/worker/hop.h"
 #include "meshnet/shard/v1/shard.grpc.pb.h"
 
@@ -106,18 +107,6 @@ class CallbackEcho final : public pb::Shard::CallbackService {
     return new Reactor();
   }
 };
-
-std::map<std::string, std::string> Flags(int argc, char** argv) {
-  std::map<std::string, std::string> flags;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0) continue;
-    const size_t eq = arg.find('=');
-    flags[arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2)] =
-        eq == std::string::npos ? "1" : arg.substr(eq + 1);
-  }
-  return flags;
-}
 
 double Percentile(std::vector<double> values, double q) {
   std::sort(values.begin(), values.end());
@@ -228,14 +217,15 @@ class CallbackClient final : public grpc::ClientBidiReactor<pb::SeamFrame, pb::S
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> flags = Flags(argc, argv);
-  auto number = [&](const std::string& name, int fallback) {
-    return flags.count(name) ? std::atoi(flags[name].c_str()) : fallback;
-  };
+  using meshnet::worker::IntFlag;
+  using meshnet::worker::StringFlag;
+  meshnet::worker::Flags flags;
+  if (!meshnet::worker::ParseFlags(argc, argv, "seam_echo", &flags)) return 2;
+  auto number = [&](const std::string& name, int fallback) { return IntFlag(flags, name, fallback); };
   const int bytes = number("bytes", 2304), frames = number("frames", 2000);
   const int warmup = number("warmup", 200);
   const bool tls = number("tls", 0) != 0;
-  const std::string server_kind = flags.count("server") ? flags["server"] : "sync";
+  const std::string server_kind = StringFlag(flags, "server", "sync");
   if (bytes < 0 || frames < 1 || warmup < 0 || (server_kind != "sync" && server_kind != "callback")) {
     std::cerr << "seam_echo: --bytes >= 0, --frames >= 1, --warmup >= 0, --server=sync|callback\n";
     return 2;
@@ -272,7 +262,7 @@ int main(int argc, char** argv) {
 
   auto stub = pb::Shard::NewStub(
       grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), channel_credentials, args));
-  const std::string client_kind = flags.count("client") ? flags["client"] : "sequential";
+  const std::string client_kind = StringFlag(flags, "client", "sequential");
   if (client_kind != "sequential" && client_kind != "concurrent" && client_kind != "callback") {
     std::cerr << "seam_echo: --client=sequential|concurrent|callback\n";
     return 2;
