@@ -13,7 +13,11 @@
 // ms per step and its count per step.
 //
 // Usage: decode_profile MODEL.gguf [--seqs=8] [--prompt=128] [--steps=16] [--threads=1]
-//                       [--attention=f32|flash] [--reference_kernels=1|0]
+//                       [--attention=f32|flash] [--reference_kernels=1|0] [--n_ctx=N] [--n_batch=N]
+//                       [--order=sequence|reverse]
+// (n_ctx default: enough cells for every sequence; n_batch, also n_ubatch: max(prompt, seqs);
+// --order: the decode rows by ascending sequence id, or descending, which llama.cpp splits into
+// one ubatch per row, as it splits any rows whose ids do not follow each other).
 // --attention=f32 (default): no flash attention, F32 KV, as the worker's certified recipe
 // (ADR 0010); flash: flash attention over an F16 KV, upstream's CPU default.
 // Exit status: 0; 1 when the model, context or a decode fails; 2 on bad arguments.
@@ -75,11 +79,6 @@ bool OnEval(ggml_tensor* t, bool ask, void* data) {
   return true;
 }
 
-int IntArg(const std::string& arg, const char* name, int fallback) {
-  const std::string prefix = std::string("--") + name + "=";
-  return arg.rfind(prefix, 0) == 0 ? std::atoi(arg.c_str() + prefix.size()) : fallback;
-}
-
 void UseReferenceKernels(llama_context* ctx) {
   using Set = void (*)(ggml_backend_t, bool);
   ggml_backend_sched_t sched = ctx->get_sched();
@@ -98,28 +97,38 @@ void UseReferenceKernels(llama_context* ctx) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: decode_profile MODEL.gguf [--seqs=N] [--prompt=P] [--steps=S] [--threads=T] "
-                         "[--attention=f32|flash] [--reference_kernels=1|0]\n");
+                         "[--attention=f32|flash] [--reference_kernels=1|0] [--n_ctx=N] [--n_batch=N] "
+                         "[--order=sequence|reverse]\n");
     return 2;
   }
-  int seqs = 8, prompt = 128, steps = 16, threads = 1, reference = 1;
-  std::string attention = "f32";
+  int seqs = 8, prompt = 128, steps = 16, threads = 1, reference = 1, n_ctx = 0, n_batch = 0;
+  std::string attention = "f32", order = "sequence";
+  const std::map<std::string, int*> ints = {{"seqs", &seqs}, {"prompt", &prompt}, {"steps", &steps},
+                                            {"threads", &threads}, {"reference_kernels", &reference},
+                                            {"n_ctx", &n_ctx}, {"n_batch", &n_batch}};
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
-    const int before = seqs + prompt + steps + threads + reference;
-    seqs = IntArg(arg, "seqs", seqs);
-    prompt = IntArg(arg, "prompt", prompt);
-    steps = IntArg(arg, "steps", steps);
-    threads = IntArg(arg, "threads", threads);
-    reference = IntArg(arg, "reference_kernels", reference);
-    if (arg.rfind("--attention=", 0) == 0) {
-      attention = arg.substr(12);
-    } else if (before == seqs + prompt + steps + threads + reference && arg.find('=') == std::string::npos) {
-      std::fprintf(stderr, "decode_profile: unknown argument %s\n", arg.c_str());
-      return 2;
+    const size_t eq = arg.find('=');
+    const std::string name = arg.rfind("--", 0) == 0 && eq != std::string::npos ? arg.substr(2, eq - 2) : "";
+    const std::string value = eq != std::string::npos ? arg.substr(eq + 1) : "";
+    if (name == "attention" || name == "order") {
+      (name == "attention" ? attention : order) = value;
+      continue;
     }
+    const auto it = ints.find(name);
+    if (it != ints.end() && !value.empty()) {
+      char* end = nullptr;
+      const long parsed = std::strtol(value.c_str(), &end, 10);
+      if (*end == '\0') {
+        *it->second = static_cast<int>(parsed);
+        continue;
+      }
+    }
+    std::fprintf(stderr, "decode_profile: bad argument %s\n", arg.c_str());
+    return 2;
   }
-  if (seqs < 1 || seqs > 64 || prompt < 1 || steps < 1 || threads < 1 ||
-      (attention != "f32" && attention != "flash")) {
+  if (seqs < 1 || seqs > 64 || prompt < 1 || steps < 1 || threads < 1 || n_ctx < 0 || n_batch < 0 ||
+      (attention != "f32" && attention != "flash") || (order != "sequence" && order != "reverse")) {
     std::fprintf(stderr, "decode_profile: bad arguments\n");
     return 2;
   }
@@ -134,8 +143,8 @@ int main(int argc, char** argv) {
   Profile profile;
   llama_context_params params = llama_context_default_params();
   const int per_seq = ((prompt + 2 * steps + 255) / 256) * 256;
-  params.n_ctx = per_seq * seqs;
-  params.n_batch = params.n_ubatch = std::max(prompt, seqs);
+  params.n_ctx = n_ctx > 0 ? n_ctx : per_seq * seqs;
+  params.n_batch = params.n_ubatch = n_batch > 0 ? n_batch : std::max(prompt, seqs);
   params.n_seq_max = seqs;
   params.kv_unified = false;
   params.n_threads = params.n_threads_batch = threads;
@@ -182,12 +191,12 @@ int main(int argc, char** argv) {
   int pos = prompt;
   auto step = [&]() {
     batch.n_tokens = seqs;
-    for (int s = 0; s < seqs; ++s) {
-      batch.token[s] = next_token();
-      batch.pos[s] = pos;
-      batch.n_seq_id[s] = 1;
-      batch.seq_id[s][0] = s;
-      batch.logits[s] = 1;
+    for (int i = 0; i < seqs; ++i) {
+      batch.token[i] = next_token();
+      batch.pos[i] = pos;
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = order == "sequence" ? i : seqs - 1 - i;
+      batch.logits[i] = 1;
     }
     ++pos;
     const auto start = Clock::now();
@@ -201,9 +210,9 @@ int main(int argc, char** argv) {
   double profiled = 0;
   for (int i = 0; i < steps; ++i) profiled += step();
   std::sort(whole.begin(), whole.end());
-  std::printf("{\"seqs\": %d, \"prompt\": %d, \"steps\": %d, \"threads\": %d, \"attention\": \"%s\", "
+  std::printf("{\"seqs\": %d, \"prompt\": %d, \"steps\": %d, \"threads\": %d, \"attention\": \"%s\", \"order\": \"%s\", "
               "\"reference_kernels\": %d, \"step_ms\": %.3f, \"profiled_step_ms\": %.3f, \"ops\": {",
-              seqs, prompt, steps, threads, attention.c_str(), reference, whole[whole.size() / 2],
+              seqs, prompt, steps, threads, attention.c_str(), order.c_str(), reference, whole[whole.size() / 2],
               profiled / steps);
   std::vector<std::pair<std::string, OpTotal>> ops(profile.ops.begin(), profile.ops.end());
   std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });

@@ -48,6 +48,12 @@ std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget
   return plan;
 }
 
+void OrderBySequence(std::vector<Slice>* plan, const std::vector<PendingView>& pending) {
+  std::stable_sort(plan->begin(), plan->end(), [&pending](const Slice& a, const Slice& b) {
+    return pending[a.item].seq < pending[b.item].seq;
+  });
+}
+
 Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
   // A Decode never holds more rows than PlanBatch allows: the context's buffers (the graph's
   // compute buffer, the outputs) are sized to that, not to llama.cpp's default of 512.
@@ -235,6 +241,7 @@ void Scheduler::Step(engine::Context& ctx) {
       views.push_back({p->item.seq, p->rows - p->done_rows, p->rows == 1});
     }
     plan = PlanBatch(views, options_.max_batch_tokens, options_.max_prefill_chunk, options_.batch_shape);
+    OrderBySequence(&plan, views);
     for (const Slice& slice : plan) planned.push_back(pending_[slice.item]);
     stats_.queue_depth = static_cast<int>(pending_.size());
   }

@@ -49,6 +49,20 @@ TEST(PlanBatchTest, OneSlicePerSequence) {
   EXPECT_EQ(Pairs(PlanBatch(pending, 64, 64)), (P{{0, 1}, {3, 10}}));
 }
 
+TEST(PlanBatchTest, RowsEnterTheDecodeInSequenceOrder) {
+  // Queue order 5, 2, 7, 0, then a prefill of 3: PlanBatch picks all of them, decodes first;
+  // the Decode takes them by sequence id, so llama.cpp can put ids 0..7 into one ubatch.
+  std::vector<PendingView> pending = {{5, 1, true}, {2, 1, true}, {7, 1, true}, {0, 1, true}, {3, 40, false}};
+  std::vector<Slice> plan = PlanBatch(pending, 64, 16);
+  using P = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(Pairs(plan), (P{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 16}}));
+  OrderBySequence(&plan, pending);
+  EXPECT_EQ(Pairs(plan), (P{{3, 1}, {1, 1}, {4, 16}, {0, 1}, {2, 1}}));
+  std::vector<Slice> none;
+  OrderBySequence(&none, pending);
+  EXPECT_TRUE(none.empty());
+}
+
 TEST(PlanBatchTest, OnAGpuAPrefillRunsAloneAndDecodesShareUpToTheVectorKernelsRows) {
   const BatchShape gpu = BatchShapeFor("vulkan0");
   EXPECT_EQ(gpu.max_decode_rows, kVectorKernelRows);

@@ -1,6 +1,7 @@
 #include "cpp/worker/sessions/sessions.h"
 
 #include <algorithm>
+#include <functional>
 
 namespace meshnet::worker {
 
@@ -170,7 +171,7 @@ void SessionTable::FreeSeq(int32_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   if (seq < 0 || seq >= options_.max_sessions) return;
   if (std::find(free_.begin(), free_.end(), seq) != free_.end()) return;
-  free_.push_back(seq);
+  free_.insert(std::upper_bound(free_.begin(), free_.end(), seq, std::greater<int32_t>()), seq);
 }
 
 int SessionTable::active() const {

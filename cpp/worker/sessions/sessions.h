@@ -138,7 +138,9 @@ class SessionTable {
   std::map<SessionKey, uint64_t> fenced_streams_;  // fenced session -> the stream it was bound to
   std::deque<SessionKey> fenced_order_;            // oldest first; bounded by max_fences
   std::map<SessionKey, std::pair<uint64_t, uint64_t>> untaken_;  // (prefill, decode)
-  std::vector<int32_t> free_;  // stack of free sequence ids
+  // Free sequence ids, highest first: a new session takes the lowest (back()), so live sessions
+  // keep neighbouring ids, which llama.cpp decodes in one ubatch (scheduler.h, OrderBySequence).
+  std::vector<int32_t> free_;
   uint64_t next_owner_ = 1;    // SessionInfo::owner of the next session
 };
 

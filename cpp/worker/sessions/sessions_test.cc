@@ -58,6 +58,27 @@ TEST(SessionTableTest, PoolIsBoundedAndSeqReturnsOnlyThroughFreeSeq) {
   EXPECT_GT(c.owner, b.owner);
 }
 
+TEST(SessionTableTest, ANewSessionTakesTheLowestFreeSeq) {
+  // Live sessions keep neighbouring sequence ids, which the engine decodes in one ubatch.
+  SessionTable table(Options(6));
+  Clock::time_point now = Clock::now();
+  std::vector<SessionInfo> opened(6);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(table.Open({"s" + std::to_string(i), 1}, 1, now, &opened[i]).ok());
+    EXPECT_EQ(opened[i].seq, i);
+  }
+  for (int i : {4, 1, 3}) {
+    ASSERT_TRUE(table.Remove({"s" + std::to_string(i), 1}).has_value());
+    table.FreeSeq(i);
+  }
+  for (int32_t expected : {1, 3, 4}) {
+    SessionInfo next;
+    ASSERT_TRUE(table.Open({"n" + std::to_string(expected), 1}, 1, now, &next).ok());
+    EXPECT_EQ(next.seq, expected);
+  }
+  EXPECT_EQ(table.free_seqs(), 0);
+}
+
 TEST(SessionTableTest, NewerEpochFencesOlder) {
   SessionTable table(Options(4));
   Clock::time_point now = Clock::now();

@@ -2,6 +2,7 @@
 
   bazel run //python:bench -- [--out DIR] [--tokens 64] [--prompts 128,512] [--concurrency 1,8]
                                [--all-cells] [--threads 1] [--k 3] [--lanes a,b,...] [--no-runtime-only]
+                               [--rounds 1]
 
 Defaults keep a full run under 25 minutes on a 2-core machine: concurrency 1 and 8 (add 2,4 for
 the whole curve) for the shortest prompt, longer prompts (there for TTFT) at one stream unless
@@ -135,6 +136,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--wan-rate-mbit", type=float, default=100.0)
     p.add_argument("--wan-prompts", default="128")
     p.add_argument("--wan-concurrency", default="1")
+    p.add_argument("--rounds", type=int, default=1, help="run every lane this many times, interleaved (A, B, "
+                   "..., A, B, ...), and report each figure's median over the rounds (bench/rounds.py)")
     p.add_argument("--contract", type=Path, help="default: docs/performance-contract.json of the workspace")
     p.add_argument("--synthetic-gguf", type=Path, help="the synthetic ~1.1B model for the synthetic_1b_* lanes "
                    "(//tools:synthetic_model); those lanes report 'not available' without it")
@@ -144,6 +147,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     for name in args.lanes.split(","):
         if name not in LANES:
             p.error(f"unknown lane {name!r}; lanes: {', '.join(LANES)}")
+    if not 1 <= args.rounds <= 9:
+        p.error("--rounds must be between 1 and 9")
     if not 1 <= args.tokens <= 4096:
         p.error("--tokens must be between 1 and 4096")
     for path in (args.gguf, args.worker_binary, args.batched_bench, args.rpc_server, args.quantize, args.dump_logits):
@@ -167,7 +172,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     names = list(dict.fromkeys(args.lanes.split(",")))  # in the order given (lanes run one after another)
     runtime_names = [] if args.no_runtime_only else [n for n in RUNTIME_ONLY if n in names]
-    progress = Progress(len(names) + len(runtime_names))
+    progress = Progress((len(names) + len(runtime_names)) * args.rounds)
     started, t0 = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     from meshnet.reference.model import load_tokenizer
 
@@ -182,7 +187,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "model": {"name": summary.name, "path": str(args.gguf), "type": summary.file_type,
                       "bytes": args.gguf.stat().st_size, "n_layer": summary.n_layer},
             "threads": args.threads, "new_tokens": args.tokens, "prompts": bench.prompt_lengths,
-            "concurrency": bench.concurrency, "k": args.k, "n_ctx": bench.n_ctx}}
+            "concurrency": bench.concurrency, "k": args.k, "n_ctx": bench.n_ctx, "rounds": args.rounds}}
         results["lanes"] = run_group(bench, args.gguf, names, prompts, bench.prompt_lengths, bench.concurrency,
                                      progress)
         results["drift"] = {}

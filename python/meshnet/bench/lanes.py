@@ -21,6 +21,7 @@ from meshnet.bench import gateway_lane, llama_lanes, route_lanes
 from meshnet.bench.measure import find_cell
 from meshnet.memory_cap import RssWatch
 from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
+from meshnet.bench.rounds import merge_rounds
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.bench.schema import Lane
 from meshnet.process import child_env
@@ -374,7 +375,7 @@ class LaneUnavailable(Exception):
 
 def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt_lengths: list[int],
               concurrency: list[int], progress: Progress) -> dict[str, Lane]:
-    k, lanes = bench.args.k, {}
+    k = bench.args.k
     runners = {
         "transformers_single_process": lambda: bench.transformers(model, prompts, concurrency, progress),
         "llama_cpp_single_process": lambda: bench.llama_single(model, prompt_lengths, concurrency),
@@ -443,8 +444,11 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
         runners[copy] = lambda d=d: copy_lane(bench, model, progress, d, speculate=0)
         runners[spec_copy] = lambda d=d: copy_lane(bench, model, progress, d, speculate=SPECULATE)
         speculation_pairs.append((spec_copy, copy))
-    for name in names:
-        lanes[name] = bench.lane(name, runners[name], progress, k)
+    runs: dict[str, list[Lane]] = {name: [] for name in names}
+    for _ in range(bench.args.rounds):  # interleaved: A, B, ..., then A, B, ... (bench/rounds.py)
+        for name in names:
+            runs[name].append(bench.lane(name, runners[name], progress, k))
+    lanes = {name: merge_rounds(runs[name]) for name in names}
     for spec, plain in speculation_pairs:
         if lanes.get(spec, {}).get("available") and lanes.get(plain, {}).get("available"):
             same = lanes[spec]["tokens"] == lanes[plain]["tokens"]

@@ -105,6 +105,7 @@ class Lane(TypedDict, total=False):
     notes: list[str]
     command: str  # batched-bench lanes: the tool's arguments
     startup_s: Number
+    round_cells: list[list[Cell]]  # --rounds N: each round's cells; `cells` holds their medians (rounds.py)
     wan: dict[str, Any]  # the namespace WAN lane: what was applied
     direct: dict[str, Any]  # gateway lane: its two sides and the concurrent run
     gateway: dict[str, Any]
