@@ -48,6 +48,12 @@ std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget
   return plan;
 }
 
+std::chrono::microseconds BatchWindow(std::chrono::microseconds configured,
+                                      std::chrono::microseconds last_decode) {
+  if (configured.count() <= 0) return std::chrono::microseconds(0);
+  return std::max(configured, last_decode / kBatchWindowShare);
+}
+
 void OrderBySequence(std::vector<Slice>* plan, const std::vector<PendingView>& pending) {
   std::stable_sort(plan->begin(), plan->end(), [&pending](const Slice& a, const Slice& b) {
     return pending[a.item].seq < pending[b.item].seq;
@@ -180,7 +186,7 @@ void Scheduler::Run(std::string* error, std::promise<bool>* opened) {
       if (options_.batch_window.count() > 0) {
         const int expected = ExpectedDecoders();
         if (PendingDecodesLocked() > 0 && PendingDecodesLocked() < expected) {
-          wake_.wait_for(lock, options_.batch_window, [this, expected] {
+          wake_.wait_for(lock, BatchWindow(options_.batch_window, last_decode_), [this, expected] {
             return stopping_ || !forgets_.empty() || PendingDecodesLocked() >= expected;
           });
         }
@@ -249,6 +255,10 @@ void Scheduler::Step(engine::Context& ctx) {
     if (forget.release) {
       ctx.Release(forget.seq);
       lengths_[forget.seq] = 0;
+      std::lock_guard<std::mutex> lock(mu_);  // a released session's next step is not expected
+      for (auto& decoders : recent_decoders_) {
+        decoders.erase(std::remove(decoders.begin(), decoders.end(), forget.seq), decoders.end());
+      }
     } else {
       ctx.RemoveFrom(forget.seq, forget.from);
       lengths_[forget.seq] = std::min(lengths_[forget.seq], forget.from);
@@ -276,6 +286,7 @@ void Scheduler::Step(engine::Context& ctx) {
   for (size_t i = 0; i < plan.size(); ++i) {
     if (planned[i]->rows == 1) decoders.push_back(planned[i]->item.seq);
   }
+  const bool decode_only = decoders.size() == plan.size();
   {
     std::lock_guard<std::mutex> lock(mu_);
     recent_decoders_.push_back(std::move(decoders));
@@ -340,6 +351,7 @@ void Scheduler::Step(engine::Context& ctx) {
     stats_.queue_depth = static_cast<int>(pending_.size());
     stats_.batches += 1;
     stats_.compute_us += static_cast<uint64_t>(decode_us);
+    if (ok && decode_only) last_decode_ = std::chrono::microseconds(decode_us);
     stats_.rows += batch.size();
     stats_.last_batch_rows = batch.size();
     stats_.last_batch_items = static_cast<int>(plan.size());

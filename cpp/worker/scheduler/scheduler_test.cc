@@ -63,6 +63,14 @@ TEST(PlanBatchTest, RowsEnterTheDecodeInSequenceOrder) {
   EXPECT_TRUE(none.empty());
 }
 
+TEST(PlanBatchTest, TheBatchWindowGrowsWithTheDecodeTimeAndStaysOffWhenOff) {
+  using std::chrono::microseconds;
+  EXPECT_EQ(BatchWindow(microseconds(2000), microseconds(0)), microseconds(2000));
+  EXPECT_EQ(BatchWindow(microseconds(2000), microseconds(8000)), microseconds(2000));
+  EXPECT_EQ(BatchWindow(microseconds(2000), microseconds(90000)), microseconds(90000 / kBatchWindowShare));
+  EXPECT_EQ(BatchWindow(microseconds(0), microseconds(90000)), microseconds(0));
+}
+
 TEST(PlanBatchTest, OnAGpuAPrefillRunsAloneAndDecodesShareUpToTheVectorKernelsRows) {
   const BatchShape gpu = BatchShapeFor("vulkan0");
   EXPECT_EQ(gpu.max_decode_rows, kVectorKernelRows);
@@ -422,6 +430,15 @@ TEST(SchedulerTest, BatchingWindowLetsStragglersJoinAndNeverHoldsALoneSession) {
   DecodeStaggered(*scheduler, {0, 1, 2}, 1, std::chrono::milliseconds(0));
   // Now they arrive 20 ms apart: the window (200 ms) holds the batch until all three are in.
   EXPECT_EQ(DecodeStaggered(*scheduler, {0, 1, 2}, 2, std::chrono::milliseconds(20)), 3);
+
+  // Once a session is released the engine no longer waits for it: the other two decode as
+  // soon as both are in.
+  std::promise<void> released;
+  scheduler->Release(2, 0, [&released] { released.set_value(); });
+  released.get_future().get();
+  const auto after_release = std::chrono::steady_clock::now();
+  EXPECT_EQ(DecodeStaggered(*scheduler, {0, 1}, 3, std::chrono::milliseconds(0)), 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - after_release, std::chrono::milliseconds(200));
 
   // A lone session (the only one decoding lately) does not wait for the window.
   auto lone = Scheduler::Start(options, &error);
