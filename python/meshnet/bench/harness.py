@@ -98,7 +98,8 @@ def contract_figures(results: dict) -> dict:
 
 def _user_args(argv: Optional[list[str]]) -> list[str]:
     """The command line without the tool paths the BUILD target passes itself."""
-    baked = ("--gguf=", "--worker-binary=", "--vulkan-worker-binary=", "--batched-bench=", "--rpc-server=", "--quantize=", "--dump-logits=")
+    baked = ("--gguf=", "--worker-binary=", "--vulkan-worker-binary=", "--batched-bench=", "--rpc-server=", "--quantize=",
+             "--dump-logits=", "--dump-boundaries=", "--calibration=")
     return [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith(baked)]
 
 
