@@ -33,6 +33,16 @@ def parse_size(text: str) -> int:
     return value
 
 
+def cpu_seconds(pid: int) -> Optional[float]:
+    """CPU time (user + system, all threads) process `pid` has used so far; None once it is gone.
+    Resolution: one clock tick (10 ms on Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def child_env() -> dict[str, str]:
     """This environment with this interpreter's import path, for `python -m meshnet...` children."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))

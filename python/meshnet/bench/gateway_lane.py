@@ -9,7 +9,11 @@ the gateway, of every SSE event that carries text). Then `streams` gateway clien
 together and the lane counts the ones that failed.
 
 Figures: ttft_ms and itl_p50_ms per side (medians over runs / pooled gaps), added_ttft_ms and
-added_itl_p50_ms (gateway minus direct), errors_c32 and aggregate_tok_s_c32.
+added_itl_p50_ms (gateway minus direct), errors_c32 and aggregate_tok_s_c32; and the CPU each
+path spends per token over the solo runs: the gateway process (gateway_cpu_ms_per_token), the
+bench process reading the gateway's SSE (gateway_client_cpu_ms_per_token), and the bench process
+running the direct client (direct_client_cpu_ms_per_token). Those hold still where the ITL figures
+move with the machine: on a 2-core machine every millisecond of it is taken from the workers.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Callable, Sequence
 
 from meshnet.bench.measure import cell_figures, percentile, rounded
 from meshnet.bench.schema import Lane
+from meshnet.process import cpu_seconds
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.swarm.local import LocalSwarm
@@ -81,11 +86,17 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], worker:
         _direct(swarm, prompts[0][:16], 4)  # warm-up, both paths
         _gateway(gateway, prompts[0][:16], 4)
         direct, via = [], []
+        cpu = {"direct_client": 0.0, "gateway": 0.0, "gateway_client": 0.0}
         for r in range(repeats):
             progress(f"solo streams, round {r + 1}/{repeats} (direct, then gateway)")
             ids = prompts[r % len(prompts)]
+            own = time.process_time()
             direct.append(_direct(swarm, ids, tokens))
+            cpu["direct_client"] += time.process_time() - own
+            own, served = time.process_time(), cpu_seconds(gateway.proc.pid)
             via.append(_gateway(gateway, ids, tokens))
+            cpu["gateway_client"] += time.process_time() - own
+            cpu["gateway"] += (cpu_seconds(gateway.proc.pid) or 0.0) - (served or 0.0)
         progress(f"{streams} concurrent gateway streams")
         times: list[list[float]] = [[] for _ in range(streams)]
         errors: list[str] = []
@@ -111,6 +122,10 @@ def run_lane(workdir: Path, gguf: Path, cuts: Sequence[tuple[int, int]], worker:
                "added_itl_p50_ms": g["itl_p50_ms"] - d["itl_p50_ms"] if g["itl_p50_ms"] and d["itl_p50_ms"] else None,
                "errors_c32": len(errors),
                "aggregate_tok_s_c32": concurrent.get("aggregate_tok_s")}
+    direct_tokens, via_tokens = sum(len(times) for _, times in direct), sum(len(times) for _, times in via)
+    for name, seconds in cpu.items():
+        count = direct_tokens if name == "direct_client" else via_tokens
+        figures[f"{name}_cpu_ms_per_token"] = seconds * 1000 / count if count else None
     return {"figures": rounded(figures, 3), "direct": rounded(d, 3), "gateway": rounded(g, 3),
             "concurrent": {"streams": streams, **rounded(concurrent, 3), "errors": sorted(set(errors))[:5]},
             "startup_s": round(startup_s, 1), "tokens": {},

@@ -88,6 +88,9 @@ class Figures(TypedDict, total=False):
     added_ttft_ms: Number  # gateway lane: gateway minus direct
     added_itl_p50_ms: Optional[Number]
     errors_c32: int
+    gateway_cpu_ms_per_token: Optional[Number]  # gateway lane: CPU per token, solo runs (gateway_lane.py)
+    gateway_client_cpu_ms_per_token: Optional[Number]
+    direct_client_cpu_ms_per_token: Optional[Number]
     aggregate_tok_s_c32: Optional[Number]
 
 

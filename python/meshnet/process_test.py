@@ -1,0 +1,28 @@
+"""Process plumbing: CPU time of a process."""
+
+import os
+import subprocess
+import sys
+import time
+
+from meshnet.process import cpu_seconds
+
+
+def test_cpu_seconds_counts_a_process_s_work_and_is_none_once_it_is_gone():
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.3\n"
+                              "while time.process_time() < end: pass\nimport sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while (cpu_seconds(child.pid) or 0.0) < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        used = cpu_seconds(child.pid)
+        assert used is not None and 0.25 <= used < 5.0
+    finally:
+        child.communicate(b"")
+    assert cpu_seconds(child.pid) is None  # reaped: no /proc entry
+
+
+def test_cpu_seconds_of_this_process_matches_process_time():
+    own = cpu_seconds(os.getpid())
+    assert own is not None and abs(own - time.process_time()) < 0.5
