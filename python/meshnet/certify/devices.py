@@ -33,7 +33,8 @@ from meshnet.recipe.recipe import compute_backend_of
 CROSS_BACKEND_TOP1_MIN = 0.98
 # The engine tools each backend needs, as certify's flags: (worker, greedy, dump_boundaries).
 TOOL_FLAGS = {"cpu": ("worker_binary", "greedy_binary", "dump_boundaries"),
-              "vulkan": ("worker_binary_vulkan", "greedy_binary_vulkan", "dump_boundaries_vulkan")}
+              "vulkan": ("worker_binary_vulkan", "greedy_binary_vulkan", "dump_boundaries_vulkan"),
+              "cuda": ("worker_binary_cuda", "greedy_binary_cuda", "dump_boundaries_cuda")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,8 @@ def tools_for(args: argparse.Namespace, placement: Placement) -> Tools:
     paths = [getattr(args, name) for name in TOOL_FLAGS[backend]]
     missing = [f"--{name.replace('_', '-')}" for name, path in zip(TOOL_FLAGS[backend], paths) if path is None]
     if missing:
-        raise ValueError(f"--device {','.join(placement.devices)} needs {', '.join(missing)} (set by bazel run)")
+        raise ValueError(f"--device {','.join(placement.devices)} needs {', '.join(missing)} "
+                         f"({'built by hand: third_party/cuda/README.md' if backend == 'cuda' else 'set by bazel run'})")
     return Tools(*paths)
 
 

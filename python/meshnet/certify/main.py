@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{tool}", type=Path, required=True, help="set by bazel run")
     for tool in ("worker-binary-vulkan", "greedy-binary-vulkan", "dump-boundaries-vulkan"):
         parser.add_argument(f"--{tool}", type=Path, help="set by bazel run (for --device vulkanN)")
+    for tool, target in (("worker-binary-cuda", "//cpp/worker:worker_cuda"), ("greedy-binary-cuda",
+                         "//cpp/engine/cuda:greedy"), ("dump-boundaries-cuda", "//cpp/engine/cuda:dump_boundaries")):
+        parser.add_argument(f"--{tool}", type=Path, help=f"for --device cudaN: {target}, built by hand (not by //...)")
     args = parser.parse_args(argv)
     args.gguf = args.gguf.resolve()
     if not args.gguf.is_file():

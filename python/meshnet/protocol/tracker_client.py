@@ -130,9 +130,10 @@ class TrackerClient:
     def renew_route(self, session: RouteSession) -> tt.RenewRouteReply:
         return self._call("RenewRoute", tt.RenewRouteRequest(session))
 
-    def take_audit(self, model_artifact: str = "") -> tt.TakeAuditReply:
-        """The oldest pending audit of a model certified from `model_artifact` ("" any)."""
-        return self._call("TakeAudit", tt.TakeAuditRequest(model_artifact))
+    def take_audit(self, model_artifact: str = "", compute_backends: tuple[str, ...] = ()) -> tt.TakeAuditReply:
+        """The oldest pending audit of a model certified from `model_artifact` ("" any) whose
+        every hop ran one of `compute_backends` (() = the CPU alone)."""
+        return self._call("TakeAudit", tt.TakeAuditRequest(model_artifact, tuple(compute_backends)))
 
     def report_audit(self, report: tt.ReportAuditRequest) -> tt.ReportAuditReply:
         return self._call("ReportAudit", report)

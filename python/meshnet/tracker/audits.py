@@ -9,9 +9,11 @@ and the model's certified artifact and recipe (what the verifier must replay und
 it in flight; one not reported within `report_seconds` goes back to the queue. `report`
 records the verdict in the ledger; a failed one quarantines the culprit in the registry (never
 routed again) and withholds its credit for the audited session (ledger), in one transaction.
-Verifiers replay on the CPU, whose tolerance is the one calibrated (ADR 0015): a route is audited
-only when every hop ran the model's CPU recipe; one with a hop on another compute backend is
-counted in `unaudited_backend` and not queued, never judged against CPU arithmetic.
+Each backend is judged by its own arithmetic (ADR 0015): a job names, per hop, the certified
+recipe that hop ran (its compute backend), and goes only to a verifier that replays every one of
+those backends (`take`'s `compute_backends`, each with the tolerance calibrated on it; none
+given means the CPU alone, as verifiers before this did). A route with a hop whose recipe the
+entry does not certify is counted in `unaudited_backend` and not queued.
 Evidence before punishment (issue 35, finding 6; ADR 0016): an audit is bound to the verifier
 key that took it (another's report: PERMISSION_DENIED), a verifier holds at most
 MAX_IN_FLIGHT_PER_VERIFIER at once, and a refutation must carry the culprit's commitments as the
@@ -50,6 +52,8 @@ MAX_IN_FLIGHT_PER_VERIFIER = 2  # audits one verifier key holds untaken by other
 DEFAULT_QUORUM = 2  # distinct verifier keys whose refutations of one hop quarantine it
 MAX_EVIDENCE_CHARS = 64 * 1024
 MAX_REFUTATION_COMMITMENTS = 2  # the culprit's, and its upstream hop's when its input was refuted
+MAX_VERIFIER_BACKENDS = 8  # compute backends one verifier may say it replays
+BACKEND_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 DEFAULT_RATE = 0.05
 ARTIFACT = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -60,6 +64,7 @@ class _Job:
     route: RouteSession
     model: str
     hops: tuple[tt.Hop, ...]
+    backends: tuple[str, ...]  # per hop: the compute backend of the certified recipe it ran
     taken_at: float = 0.0
     verifier: bytes = b""  # the key that took it (in flight)
     refuted_by: tuple[bytes, ...] = ()  # verifier keys whose refutations of `culprit` this one would confirm
@@ -84,7 +89,7 @@ class Audits:
         self._in_flight: dict[int, _Job] = {}
         self.considered = 0  # closed route sessions seen
         self.sampled = 0  # of those, queued for audit
-        self.unaudited_backend = 0  # drawn, but with a hop on a backend no verifier replays (ADR 0015)
+        self.unaudited_backend = 0  # drawn, but with a hop on a recipe the entry does not certify (ADR 0015)
         self.disputed = 0  # refutations that a confirming verifier did not repeat
 
     def consider(self, route: RouteSession, model: str, hops: tuple[tt.Hop, ...]) -> None:
@@ -93,24 +98,32 @@ class Audits:
             if self._random.random() >= self.rate:
                 return
             certified = self._registry.certified(model)
-            cpu = certified.recipe_on("cpu")[0] if certified else ""
-            if any(h.node.fingerprints is None or h.node.fingerprints.runtime_recipe != cpu for h in hops):
+            recipes = certified.recipes() if certified else {}
+            backends = tuple(recipes.get(h.node.fingerprints.runtime_recipe) if h.node.fingerprints else None
+                             for h in hops)
+            if not hops or None in backends:
                 self.unaudited_backend += 1
                 return
             self.sampled += 1
             bare = tuple(dataclasses.replace(h, ticket=None) for h in hops)
-            self._pending.append(_Job(secrets.randbits(62) + 1, route, model, bare))
+            self._pending.append(_Job(secrets.randbits(62) + 1, route, model, bare, backends))
             if len(self._pending) > MAX_PENDING:
                 dropped = self._pending.popleft()
                 log("audit_dropped", audit_id=dropped.audit_id, session=dropped.route.session_id,
                     reason=f"more than {MAX_PENDING} audits pending")
 
-    def take(self, model_artifact: str = "", verifier: bytes = b"") -> tt.TakeAuditReply:
+    def take(self, model_artifact: str = "", verifier: bytes = b"",
+             compute_backends: tuple[str, ...] = ()) -> tt.TakeAuditReply:
         """The oldest pending audit for `verifier` (its key), of a model certified from
-        `model_artifact` when it is given (a verifier can replay one artifact only)."""
+        `model_artifact` when it is given (a verifier can replay one artifact only), whose every
+        hop ran one of `compute_backends` (() = the CPU alone)."""
         if model_artifact and not ARTIFACT.fullmatch(model_artifact):
             return tt.TakeAuditReply(Status(StatusCode.INVALID_ARGUMENT,
                                             "model_artifact must be \"sha256:\" and 64 lowercase hex digits"))
+        if len(compute_backends) > MAX_VERIFIER_BACKENDS or not all(map(BACKEND_NAME.fullmatch, compute_backends)):
+            return tt.TakeAuditReply(Status(StatusCode.INVALID_ARGUMENT, f"compute_backends: at most "
+                                            f"{MAX_VERIFIER_BACKENDS} names like \"cpu\" or \"vulkan\""))
+        replays = set(compute_backends or ("cpu",))
         with self._lock:
             now = self._clock()
             for audit_id, job in list(self._in_flight.items()):  # a verifier that never reported
@@ -122,12 +135,12 @@ class Audits:
                 return tt.TakeAuditReply(Status(StatusCode.RESOURCE_EXHAUSTED, f"this verifier holds "
                                                 f"{MAX_IN_FLIGHT_PER_VERIFIER} audits already: report them first",
                                                 retryable=True))
-            job = next((j for j in self._pending if verifier not in j.refuted_by
+            job = next((j for j in self._pending if verifier not in j.refuted_by and set(j.backends) <= replays
                         and (not model_artifact or self._artifact(j.model) == model_artifact)), None)
             if job is None:
                 return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "no audit pending" + (
                     f" of a model certified from {model_artifact}" if model_artifact else "")
-                    + " that this verifier may take"))
+                    + f" on {', '.join(sorted(replays))} that this verifier may take"))
             self._pending.remove(job)
             job.taken_at, job.verifier = now, verifier
             self._in_flight[job.audit_id] = job
@@ -135,10 +148,12 @@ class Audits:
         issued = tuple(tickets.issue_audit(self._key, route.session_id, route.epoch, h.node.node_id,
                                            self._ticket_seconds) for h in job.hops)
         certified = self._registry.certified(job.model)
-        recipe, matmul_activations = certified.recipe_on("cpu") if certified else ("", "")
-        fingerprints = certified and Fingerprints(certified.artifact_fingerprint, recipe)
+        hop_recipes = tuple(tt.HopRecipe(b, *certified.recipe_on(b)) for b in job.backends) if certified else ()
+        # the first hop's recipe (every hop's, for a route on one backend), as before hop_recipes
+        first = hop_recipes[0] if hop_recipes else tt.HopRecipe("", "", "")
+        fingerprints = certified and Fingerprints(certified.artifact_fingerprint, first.recipe_fingerprint)
         return tt.TakeAuditReply(Status(StatusCode.OK), tt.AuditJob(
-            job.audit_id, route, job.model, job.hops, issued, fingerprints, matmul_activations))
+            job.audit_id, route, job.model, job.hops, issued, fingerprints, first.matmul_activations, hop_recipes))
 
     def _artifact(self, model: str) -> str:
         certified = self._registry.certified(model)
@@ -171,7 +186,7 @@ class Audits:
             punish = len(set(agreed)) >= self.quorum
             if culprit and not punish and (not confirming or culprit == job.culprit):
                 # Not yet the quorum: the session again, first in line, for another verifier.
-                self._pending.appendleft(_Job(secrets.randbits(62) + 1, job.route, job.model, job.hops,
+                self._pending.appendleft(_Job(secrets.randbits(62) + 1, job.route, job.model, job.hops, job.backends,
                                               refuted_by=agreed, culprit=culprit))
             elif confirming and not punish:
                 self.disputed += 1

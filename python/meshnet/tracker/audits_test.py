@@ -198,23 +198,45 @@ def test_a_verifier_takes_only_audits_of_its_artifact(tmp_path):
     ledger.close()
 
 
-def test_a_route_with_a_hop_off_the_cpu_is_not_audited_against_cpu_arithmetic(tmp_path):
-    """ADR 0015: verifiers replay on the CPU, the one backend whose tolerance is calibrated. A
-    route with a Vulkan hop is drawn but not queued (counted); a CPU route beside it is audited,
-    and its job names the CPU recipe even where the entry lists Vulkan first."""
+def test_each_hop_is_audited_on_its_own_backend_by_a_verifier_that_replays_it(tmp_path):
+    """ADR 0015: a job names, per hop, the certified recipe that hop ran, and goes only to a
+    verifier replaying every backend in it (each with its own calibrated tolerance). A CPU-only
+    verifier (no backends named, as before) never gets a route with a Vulkan hop, and takes the
+    CPU route behind it; a hop on a recipe the entry does not certify is counted, not queued."""
     vulkan = "sha256:" + "v" * 64
     model = CertifiedModel("smol", "llama", 30, ART, vulkan, matmul_activations="quantized", compute_backend="vulkan",
                            other_backends=[{"compute_backend": "cpu", "recipe_fingerprint": REC,
                                             "matmul_activations": "f32"}])
     ledger = Ledger(tmp_path / "ledger.db")
     audits = Audits(Registry([model]), ledger, Identity.generate(), rate=1.0, seed=3)
-    on_vulkan = hop("gpu", 10, 20)
-    on_vulkan = tt.Hop(dataclasses.replace(on_vulkan.node, fingerprints=Fingerprints(ART, vulkan)), on_vulkan.layers)
-    audits.consider(RouteSession("s-mixed", 1), "smol", (hop("a", 0, 10), on_vulkan, hop("c", 20, 30)))
-    assert (audits.sampled, audits.unaudited_backend) == (0, 1)
-    assert audits.take().status.code == StatusCode.NOT_FOUND
+
+    def on(fingerprint: str, h: tt.Hop) -> tt.Hop:
+        return tt.Hop(dataclasses.replace(h.node, fingerprints=Fingerprints(ART, fingerprint)), h.layers)
+
+    audits.consider(RouteSession("s-mixed", 1), "smol", (hop("a", 0, 10), on(vulkan, hop("gpu", 10, 20)),
+                                                          hop("c", 20, 30)))
     audits.consider(RouteSession("s-cpu", 1), "smol", (hop("a", 0, 15), hop("b", 15, 30)))
-    job = audits.take().job
+    audits.consider(RouteSession("s-odd", 1), "smol", (on("sha256:" + "x" * 64, hop("x", 0, 30)),))
+    assert (audits.sampled, audits.unaudited_backend) == (2, 1)
+
+    job = audits.take(verifier=VERIFIER).job  # the CPU alone: past the mixed route
     assert job.session == RouteSession("s-cpu", 1) and job.fingerprints == Fingerprints(ART, REC)
-    assert job.matmul_activations == "f32"
+    assert job.matmul_activations == "f32" and job.hop_recipes == (tt.HopRecipe("cpu", REC, "f32"),) * 2
+    none_left = audits.take(verifier=SECOND_VERIFIER, compute_backends=("cpu",))
+    assert none_left.status.code == StatusCode.NOT_FOUND and "on cpu" in none_left.status.message
+
+    job = audits.take(verifier=SECOND_VERIFIER, compute_backends=("vulkan", "cpu")).job
+    assert job.session == RouteSession("s-mixed", 1)
+    assert job.hop_recipes == (tt.HopRecipe("cpu", REC, "f32"), tt.HopRecipe("vulkan", vulkan, "quantized"),
+                               tt.HopRecipe("cpu", REC, "f32"))
+    assert job.fingerprints == Fingerprints(ART, REC)  # the first hop's recipe, as before hop_recipes
     ledger.close()
+
+
+@pytest.mark.parametrize("backends", [("cpu",) * 9, ("Vulkan",), ("x" * 33,), ("",)])
+def test_a_take_naming_bad_backends_is_refused_and_takes_nothing(setup, backends):
+    audits, _, _, _ = setup
+    audits.consider(RouteSession("s1", 1), "smol", (hop("a", 0, 30),))
+    refused = audits.take(verifier=VERIFIER, compute_backends=backends)
+    assert refused.status.code == StatusCode.INVALID_ARGUMENT and refused.job is None
+    assert audits.take(verifier=VERIFIER, compute_backends=("cpu",)).job.session.session_id == "s1"

@@ -248,7 +248,7 @@ class TrackerService:
         def work(r: tt.TakeAuditRequest, caller: bytes) -> tt.TakeAuditReply:
             if self._audits is None:
                 return tt.TakeAuditReply(Status(StatusCode.NOT_FOUND, "this tracker runs no audits"))
-            return self._audits.take(r.model_artifact, caller)
+            return self._audits.take(r.model_artifact, caller, r.compute_backends)
         return self._handle("TakeAudit", request, context, tt.TakeAuditReply, work)
 
     def ReportAudit(self, request, context):  # noqa: N802

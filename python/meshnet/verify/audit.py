@@ -6,8 +6,9 @@ key over "meshnet-audit-v1\\0" || AuditBody). `fetch` reads a hop's commitments 
 TLS channel and checks the node's signature against its registered key before anything in them
 is used. `Replayer` recomputes a session as a trusted verifier node would: the certified model
 (whole, or its per-range parts), the route's ranges one process each, one teacher-forced prefill
-(//cpp/engine:dump_boundaries), under the recipe the audit job names (refusing a job of another
-artifact or recipe). `judge`
+(//cpp/engine:dump_boundaries), each range on its hop's compute backend under the recipe the
+audit job names for it (refusing a job of another artifact or recipe, or on a backend it does not
+replay). `judge`
 compares, at `positions` random positions per hop, each hop's output with the replay and each
 hop's input with what its upstream committed to sending, and at `positions` random positions
 the last hop sampled from, its tokens with the replay's logits, and blames the first hop (in route
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -99,47 +100,88 @@ class WrongRecipe(AuditError):
     """The audit job names an artifact or recipe this verifier cannot replay under."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplayPlan:
+    """How each range of an audited route is replayed: on its hop's compute backend, under that
+    backend's certified recipe (ADR 0015)."""
+
+    backends: tuple[str, ...]  # per range: "cpu", "vulkan", ...
+    devices: tuple[str, ...]  # per range: the verifier's device for that backend
+    matmul_activations: tuple[str, ...]  # per range (ADR 0012)
+
+    @classmethod
+    def on_cpu(cls, ranges: int, matmul_activations: str = "quantized") -> "ReplayPlan":
+        return cls(("cpu",) * ranges, ("cpu",) * ranges, (matmul_activations,) * ranges)
+
+    def tolerances(self, calibrated: Mapping[str, cm.Tolerance]) -> list[cm.Tolerance]:
+        """Per hop, what its boundary may differ by: the loosest tolerance of its own backend and
+        every backend before it in the route (a boundary carries all their arithmetic)."""
+        return [cm.loosest(calibrated[b] for b in self.backends[:i + 1]) for i in range(len(self.backends))]
+
+
 class Replayer:
     """Replays sessions as a trusted verifier node would compute them, range by range (one
     process per route range, each opening that range only: peak memory follows the largest
-    range, not the model), under the recipe each audit job names (`matmul_activations`)."""
+    range, not the model), each range on its hop's compute backend under the recipe the audit
+    job names for it (`plan`)."""
 
     def __init__(self, dump_boundaries: Path, model: Path, threads: int = 2,
-                 runner: Optional[CappedRunner] = None) -> None:
+                 runner: Optional[CappedRunner] = None, devices: Optional[Mapping[str, str]] = None) -> None:
         """`model`: the certified GGUF, whole, or the parts record its per-range files came with
         (`cut_model`); ValueError if it is neither. `runner`: where the replay's processes run
-        (each in a capped cgroup, their peaks recorded); plain subprocesses when None."""
+        (each in a capped cgroup, their peaks recorded); plain subprocesses when None.
+        `devices`: compute backend -> the device this verifier replays it on ({"cpu": "cpu",
+        "vulkan": "vulkan0"}; `dump_boundaries` must be linked with those backends); the CPU alone
+        when None."""
         self._binary, self._threads, self._runner = dump_boundaries, threads, runner
+        self._devices = dict(devices) if devices is not None else {"cpu": "cpu"}
         self._model = open_model_files(model)
         self.artifact = self._model.artifact  # the one artifact it replays
         self._summary = gguf_summary(self._model.files[0].path)  # a part's summary is its source's
 
-    def job_matmul_activations(self, job: tt.AuditJob) -> str:
-        """The matmul activations to replay `job` under: its certified recipe's, once the job's
-        artifact is this replayer's and its recipe fingerprint is the one that recipe gives here
-        (WrongRecipe otherwise: replaying under other arithmetic would blame honest nodes)."""
+    @property
+    def compute_backends(self) -> tuple[str, ...]:
+        """What this replayer replays: the backends a verifier asks the tracker for."""
+        return tuple(self._devices)
+
+    def plan(self, job: tt.AuditJob) -> ReplayPlan:
+        """How to replay `job`: each hop's certified recipe, once the job's artifact is this
+        replayer's, every hop's backend is one it replays, and each recipe's fingerprint is the one
+        that recipe gives here (WrongRecipe otherwise: replaying under other arithmetic would blame
+        honest nodes). A job from a tracker before per-hop recipes ran every hop on its one recipe."""
         if job.fingerprints is None or not job.matmul_activations:
             raise WrongRecipe(f"audit {job.audit_id} names no certified artifact and recipe (a tracker before them)")
         if job.fingerprints.model_artifact != self.artifact:
             raise WrongRecipe(f"audit {job.audit_id} is of {job.model} certified from "
                               f"{job.fingerprints.model_artifact}; this verifier replays {self.artifact}")
-        try:
-            here = recipe_of(self._summary, "gguf", job.matmul_activations).fingerprint()
-        except ValueError as err:
-            raise WrongRecipe(f"audit {job.audit_id}: {err}") from None
-        if here != job.fingerprints.runtime_recipe:
-            raise WrongRecipe(f"audit {job.audit_id}: {job.model}'s certified recipe is "
-                              f"{job.fingerprints.runtime_recipe}; this verifier's engine with "
-                              f"{job.matmul_activations} matmul activations runs {here}")
-        return job.matmul_activations
+        recipes = job.hop_recipes or (tt.HopRecipe("cpu", job.fingerprints.runtime_recipe, job.matmul_activations),
+                                      ) * len(job.hops)
+        if len(recipes) != len(job.hops):
+            raise WrongRecipe(f"audit {job.audit_id} names {len(recipes)} hop recipes for {len(job.hops)} hops")
+        for recipe in recipes:
+            if recipe.compute_backend not in self._devices:
+                raise WrongRecipe(f"audit {job.audit_id} has a hop on {recipe.compute_backend}; this verifier "
+                                  f"replays {', '.join(self._devices)}")
+            try:
+                here = recipe_of(self._summary, "gguf", recipe.matmul_activations, recipe.compute_backend).fingerprint()
+            except ValueError as err:
+                raise WrongRecipe(f"audit {job.audit_id}: {err}") from None
+            if here != recipe.recipe_fingerprint:
+                raise WrongRecipe(f"audit {job.audit_id}: {job.model}'s certified recipe is {recipe.recipe_fingerprint} "
+                                  f"on {recipe.compute_backend}; this verifier's engine with "
+                                  f"{recipe.matmul_activations} matmul activations runs {here}")
+        return ReplayPlan(tuple(r.compute_backend for r in recipes),
+                          tuple(self._devices[r.compute_backend] for r in recipes),
+                          tuple(r.matmul_activations for r in recipes))
 
     def replay(self, tokens: Sequence[int], layers: Sequence[tuple[int, int]],
-               matmul_activations: str = "quantized") -> dict:
+               plan: Optional[ReplayPlan] = None) -> dict:
         """{"rows": [boundary rows after each non-last range], "logits": [positions, n_vocab]};
-        `matmul_activations`: the certified recipe's (ADR 0012; `job_matmul_activations`)."""
+        `plan`: the job's (`plan`); None replays every range on the CPU with quantized activations."""
+        plan = plan or ReplayPlan.on_cpu(len(layers))
         try:
             return boundaries.run_streamed(self._binary, self._model, tokens, layers, str(len(tokens)), self._threads,
-                                           matmul_activations, self._runner)
+                                           plan.matmul_activations, self._runner, plan.devices)
         except boundaries.BoundariesError as err:
             raise AuditError(f"replay failed: {err}") from None
 
@@ -169,13 +211,16 @@ def session_tokens(hops: Sequence[HopCommitments]) -> list[int]:
     return [int(t) for t in first.input_tokens[:first.positions]]
 
 
-def judge(hops: Sequence[HopCommitments], replay: dict, tol: cm.Tolerance, positions: int,
+def judge(hops: Sequence[HopCommitments], replay: dict, tol: cm.Tolerance | Sequence[cm.Tolerance], positions: int,
           rng: np.random.Generator) -> Verdict:
-    """Checks `positions` random positions per hop; blames the first refuted hop in route order."""
+    """Checks `positions` random positions per hop at `tol` (one for every hop, or one per hop:
+    `ReplayPlan.tolerances`); blames the first refuted hop in route order."""
+    tolerances = [tol] * len(hops) if isinstance(tol, cm.Tolerance) else list(tol)
     n = min(h.positions for h in hops)
     findings: list[Finding] = []
     checked = 0
     for i, hop in enumerate(hops):
+        tol = tolerances[i]
         pick = np.sort(rng.choice(n, size=min(positions, n), replace=False))
         if hop.sent is not None:
             sent = cm.HiddenCommitment(hop.sent.indices[pick], hop.sent.values[pick])

@@ -22,22 +22,24 @@ class BoundariesError(RuntimeError):
 
 
 def run_chain(binary: Path, gguf: Path, tokens: Sequence[int], chain: str, batch: str, threads: int,
-              matmul_activations: str = "quantized") -> dict:
+              matmul_activations: str = "quantized", device: str = "cpu") -> dict:
     """{"rows": [float32 [n, n_embd] after each range but the last], "logits": float32 [n, n_vocab]}.
     `chain`: RANGES as the tool takes them (0:10,10:20@OTHER.gguf,...); `batch`: its BATCH;
-    `matmul_activations`: the certified recipe's ("f32": the tool's --f32-matmul-activations).
+    `matmul_activations`: the certified recipe's ("f32": the tool's --f32-matmul-activations);
+    `device`: where every range computes (a GPU device needs a `binary` linked with its backend).
     One process holds every range of the chain."""
     n = len(tokens)
     with tempfile.TemporaryDirectory(prefix="meshnet-boundaries-") as tmp:
         prefix = Path(tmp) / "run"
-        _run(binary, matmul_activations, [], gguf, prefix, chain, batch, threads, tokens)
+        _run(binary, matmul_activations, ["--device", device] if device != "cpu" else [], gguf, prefix, chain, batch,
+             threads, tokens)
         rows = [np.fromfile(f"{prefix}.{i}.f32", dtype=np.float32).reshape(n, -1) for i in range(chain.count(","))]
         logits = np.fromfile(f"{prefix}.logits.f32", dtype=np.float32).reshape(n, -1)
     return {"rows": rows, "logits": logits}
 
 
 def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges: Sequence[tuple[int, int]],
-                 batch: str, threads: int, matmul_activations: str = "quantized",
+                 batch: str, threads: int, matmul_activations: str | Sequence[str] = "quantized",
                  runner: Optional[CappedRunner] = None, devices: Optional[Sequence[str]] = None) -> dict:
     """`run_chain`'s result for the chain `ranges` (contiguous, the last owning the output), computed
     one process per piece (`ModelFiles.pieces`: a range split where the model's files split), each
@@ -46,12 +48,17 @@ def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges:
     process runs the same chunks as that range does in the whole chain). `runner`: where each
     process runs (certification caps and measures them); plain subprocesses when None.
     `devices`: where each range computes (the tool's --device; default the CPU): a GPU device
-    needs a `binary` linked with its backend (//cpp/engine:dump_boundaries_vulkan, ADR 0014)."""
+    needs a `binary` linked with its backend (//cpp/engine:dump_boundaries_vulkan, ADR 0014).
+    `matmul_activations`: one for every range, or one per range (a route mixing backends whose
+    recipes differ, ADR 0015)."""
     if any(a[1] != b[0] for a, b in zip(ranges, ranges[1:])) or ranges[-1][1] != model.n_layer:
         raise BoundariesError(f"ranges {list(ranges)} are not a contiguous chain ending at layer {model.n_layer}")
     devices = list(devices) if devices is not None else ["cpu"] * len(ranges)
     if len(devices) != len(ranges):
         raise BoundariesError(f"{len(devices)} devices for {len(ranges)} ranges")
+    activations = [matmul_activations] * len(ranges) if isinstance(matmul_activations, str) else list(matmul_activations)
+    if len(activations) != len(ranges):
+        raise BoundariesError(f"{len(activations)} matmul activations for {len(ranges)} ranges")
     n = len(tokens)
     rows: list[np.ndarray] = []
     with tempfile.TemporaryDirectory(prefix="meshnet-streamed-") as tmp:
@@ -64,7 +71,7 @@ def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges:
             for j, piece in enumerate(pieces):
                 prefix = Path(tmp) / f"range{i}.piece{j}"
                 on_device = ["--device", devices[i]] if devices[i] != "cpu" else []
-                _run(binary, matmul_activations, [*on_device, *given], piece.path, prefix, f"{piece.start}:{piece.end}",
+                _run(binary, activations[i], [*on_device, *given], piece.path, prefix, f"{piece.start}:{piece.end}",
                      batch, threads, tokens, runner)
                 given = ["--input-rows", f"{prefix}.0.f32"]
             if end < model.n_layer:

@@ -1,6 +1,10 @@
 """`tools/bazel run //python:verify_calibrate -- --out DIR`: how far honest hops differ, and
 which cheats the commitments catch (issue 17's calibration; docs/evidence/verification/).
 
+Per compute backend (ADR 0015): `--device vulkan0` runs everything below on that device (the
+greedy continuations too) and writes a calibration for that backend alone, which a verifier
+uses to judge hops on it (`//python:verifier --device vulkan=vulkan0 --calibration vulkan=PATH`).
+
 Sequences: each prompt plus llama.cpp's greedy continuation (what a session's audit replays).
 A 3-hop chain [0,10) [10,20) [20,30) runs each sequence (//cpp/engine:dump_boundaries):
 
@@ -35,6 +39,7 @@ from typing import Callable
 import numpy as np
 
 from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.recipe.recipe import compute_backend_of
 from meshnet.verify import boundaries
 from meshnet.verify import commitment as cm
 from meshnet.verify import curves
@@ -58,25 +63,28 @@ def log(**event) -> None:
 
 
 class Runner:
-    def __init__(self, dump: Path, gguf: Path) -> None:
-        self.dump, self.gguf = dump, gguf
+    def __init__(self, dump: Path, gguf: Path, device: str = "cpu") -> None:
+        self.dump, self.gguf, self.device = dump, gguf, device
         self.replay_seconds: list[tuple[float, int]] = []
 
     def run(self, tokens: list[int], chain: str, batch: str, threads: int) -> dict:
         """Boundary rows per range and the last hop's logits for one run of the sequence."""
         started = time.perf_counter()
-        out = boundaries.run_chain(self.dump, self.gguf, tokens, chain, batch.replace("N", str(len(tokens))), threads)
+        out = boundaries.run_chain(self.dump, self.gguf, tokens, chain, batch.replace("N", str(len(tokens))), threads,
+                                   device=self.device)
         if batch == "N":
             self.replay_seconds.append((time.perf_counter() - started, len(tokens)))
         return out
 
 
-def sequences(gguf: Path, greedy: Path, continuation: int, prompts: list[str]) -> list[list[int]]:
+def sequences(gguf: Path, greedy: Path, continuation: int, prompts: list[str], device: str = "cpu") -> list[list[int]]:
+    """Each prompt and the whole model's greedy continuation on `device` (what a session there produces)."""
     tokenizer = GgufTokenizer.from_gguf(gguf)
     out = []
     for prompt in prompts:
         ids = tokenizer.encode(prompt)
-        proc = subprocess.run([str(greedy), str(gguf), str(continuation), *map(str, ids)], check=True,
+        on_device = ["--device", device] if device != "cpu" else []
+        proc = subprocess.run([str(greedy), *on_device, str(gguf), str(continuation), *map(str, ids)], check=True,
                               capture_output=True, text=True)
         out.append(ids + json.loads(proc.stdout.strip().splitlines()[-1])["tokens"])
     return out
@@ -128,8 +136,13 @@ def rms(rows: np.ndarray) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", required=True, type=Path)
-    parser.add_argument("--dump-boundaries", required=True, type=Path)
-    parser.add_argument("--greedy", required=True, type=Path)
+    parser.add_argument("--dump-boundaries", required=True, type=Path,
+                        help="//cpp/engine:dump_boundaries, or its build with --device's backend (dump_boundaries_vulkan)")
+    parser.add_argument("--greedy", required=True, type=Path, help="//cpp/engine:greedy, or greedy_vulkan")
+    parser.add_argument("--device", default="cpu",
+                        help="where every run computes (ADR 0015: each compute backend has its own calibration)")
+    parser.add_argument("--vulkan-dump-boundaries", type=Path, help=argparse.SUPPRESS)  # set by bazel run
+    parser.add_argument("--vulkan-greedy", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--quantize", required=True, type=Path, help="llama-quantize (for the Q4_0 substitute)")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--continuation", type=int, default=128, help="greedy tokens after each prompt")
@@ -137,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N prompts (half calibrate)")
     args = parser.parse_args(argv)
+    try:
+        backend = compute_backend_of(args.device)
+    except ValueError as err:
+        parser.error(str(err))
+    if backend == "vulkan" and args.vulkan_dump_boundaries and args.vulkan_greedy:
+        args.dump_boundaries, args.greedy = args.vulkan_dump_boundaries, args.vulkan_greedy
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(args.seed)
     tokenizer = GgufTokenizer.from_gguf(args.gguf)
@@ -146,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         q4_0 = work / "q4_0.gguf"
         subprocess.run([str(args.quantize), "--allow-requantize", str(args.gguf.resolve()), str(q4_0), "Q4_0"],
                        check=True, capture_output=True)
-        runner = Runner(args.dump_boundaries, args.gguf.resolve())
-        seqs = sequences(args.gguf.resolve(), args.greedy, args.continuation, PROMPTS[:args.prompts])
+        runner = Runner(args.dump_boundaries, args.gguf.resolve(), args.device)
+        seqs = sequences(args.gguf.resolve(), args.greedy, args.continuation, PROMPTS[:args.prompts], args.device)
         half = len(seqs) // 2
         honest: dict[str, list[dict]] = {"calibration": [], "evaluation": []}
         cheats: dict[str, list[dict]] = {}
@@ -180,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 cheats.setdefault(name, []).append(figures(variant, replay, prompt_len))
 
     tol = tolerance_from(honest["calibration"])
-    report = {"tolerance": tol.__dict__, "margin": MARGIN, "k": cm.K,
+    report = {"compute_backend": backend, "device": args.device,
+              "tolerance": tol.__dict__, "margin": MARGIN, "k": cm.K,
               "commitment_bytes_per_position": {"hidden": cm.K * 4, "token": 6},
               "sequences": len(seqs), "calibration_sequences": half,
               "honest": summarize(honest["evaluation"], tol), "honest_calibration": summarize(honest["calibration"], tol),

@@ -56,9 +56,22 @@ class Tolerance:
     max_logit_gap: float  # token: replay best logit - replay logit of the token allowed
 
 
-def tolerance_from_calibration(path) -> Tolerance:
-    """The tolerance a calibration run set (meshnet.verify.calibrate's calibration.json)."""
-    return Tolerance(**json.loads(Path(path).read_text())["tolerance"])
+def tolerance_from_calibration(path, compute_backend: str = "cpu") -> Tolerance:
+    """The tolerance a calibration run set (meshnet.verify.calibrate's calibration.json) on
+    `compute_backend`; ValueError if the run calibrated another backend (absent: the CPU)."""
+    report = json.loads(Path(path).read_text())
+    calibrated = report.get("compute_backend", "cpu")
+    if calibrated != compute_backend:
+        raise ValueError(f"{path} calibrates the {calibrated} backend, not {compute_backend}")
+    return Tolerance(**report["tolerance"])
+
+
+def loosest(tolerances) -> Tolerance:
+    """What each of `tolerances` allows, together: a boundary after ranges computed on several
+    backends carries the arithmetic differences of each (ADR 0015)."""
+    tolerances = list(tolerances)
+    return Tolerance(max(t.max_value_error for t in tolerances), min(t.min_overlap for t in tolerances),
+                     max(t.max_logit_error for t in tolerances), max(t.max_logit_gap for t in tolerances))
 
 
 def commit_hidden(rows: np.ndarray, k: int = K) -> HiddenCommitment:

@@ -1,7 +1,9 @@
-"""A verifier replays an audit only under the recipe its job names: the job's certified artifact
-must be the replayer's model and the job's recipe fingerprint the one that recipe gives here.
-Every refusal happens before any hop is contacted (run_audit on a job whose hops are unreachable
-raises WrongRecipe, not a connection error)."""
+"""A verifier replays an audit only under the recipes its job names: the job's certified artifact
+must be the replayer's model, every hop's backend one it replays, and each hop's recipe
+fingerprint the one that recipe gives here; each hop is judged at the loosest calibrated
+tolerance of the backends its boundary went through (ADR 0015). Every refusal happens before any
+hop is contacted (run_audit on a job whose hops are unreachable raises WrongRecipe, not a
+connection error)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,59 @@ def job_for(replayer: audit.Replayer, gguf: Path, matmul_activations: str) -> tt
 @pytest.mark.parametrize("matmul_activations", ["quantized", "f32"])
 def test_the_jobs_recipe_is_the_one_replayed(replayer, tmp_path, matmul_activations):
     job = job_for(replayer, tmp_path / "tiny.gguf", matmul_activations)
-    assert replayer.job_matmul_activations(job) == matmul_activations
+    assert replayer.plan(job) == audit.ReplayPlan.on_cpu(1, matmul_activations)
+
+
+def mixed_job(replayer: audit.Replayer, gguf: Path) -> tt.AuditJob:
+    """A CPU -> Vulkan -> CPU route of the tiny model, as the tracker hands it out."""
+    cpu = job_for(replayer, gguf, "f32")
+    hop = cpu.hops[0]
+    hops = tuple(tt.Hop(hop.node, tt.LayerRange(a, b)) for a, b in ((0, 1), (1, 3), (3, 4)))
+    vulkan = recipe_of(gguf_summary(gguf), "gguf", "quantized", "vulkan").fingerprint()
+    recipes = (tt.HopRecipe("cpu", cpu.fingerprints.runtime_recipe, "f32"), tt.HopRecipe("vulkan", vulkan, "quantized"),
+               tt.HopRecipe("cpu", cpu.fingerprints.runtime_recipe, "f32"))
+    return dataclasses.replace(cpu, hops=hops, hop_recipes=recipes)
+
+
+def test_each_range_is_replayed_on_its_hops_backend_and_judged_at_its_tolerance(replayer, tmp_path):
+    gguf = tmp_path / "tiny.gguf"
+    job = mixed_job(replayer, gguf)
+    with pytest.raises(audit.WrongRecipe, match="has a hop on vulkan; this verifier replays cpu"):
+        replayer.plan(job)
+    both = audit.Replayer(Path("/nonexistent/dump_boundaries"), gguf, devices={"cpu": "cpu", "vulkan": "vulkan0"})
+    assert both.compute_backends == ("cpu", "vulkan")
+    plan = both.plan(job)
+    assert plan == audit.ReplayPlan(("cpu", "vulkan", "cpu"), ("cpu", "vulkan0", "cpu"), ("f32", "quantized", "f32"))
+    tight, loose = commitment.Tolerance(0.01, 7, 0.1, 0.2), commitment.Tolerance(0.05, 5, 0.3, 0.1)
+    # hop 0's boundary went through the CPU only; hops 1 and 2's through Vulkan too
+    assert plan.tolerances({"cpu": tight, "vulkan": loose}) == [tight] + [commitment.Tolerance(0.05, 5, 0.3, 0.2)] * 2
+    wrong = dataclasses.replace(job, hop_recipes=job.hop_recipes[:1] + (
+        tt.HopRecipe("vulkan", job.hop_recipes[0].recipe_fingerprint, "quantized"),) + job.hop_recipes[2:])
+    with pytest.raises(audit.WrongRecipe, match="certified recipe is sha256:[0-9a-f]+ on vulkan"):
+        both.plan(wrong)
+    with pytest.raises(audit.WrongRecipe, match="2 hop recipes for 3 hops"):
+        both.plan(dataclasses.replace(job, hop_recipes=job.hop_recipes[:2]))
+    with pytest.raises(audit.WrongRecipe, match="no calibrated tolerance for vulkan"):  # before any hop is asked
+        verifier.run_audit(job, (both, both), tight, 4, 0)
+
+
+def test_a_verifier_replays_a_backend_only_with_its_own_calibration(tmp_path):
+    cpu, vulkan = tmp_path / "cpu.json", tmp_path / "vulkan.json"
+    cpu.write_text('{"tolerance": {"max_value_error": 0.1, "min_overlap": 6, "max_logit_error": 0.2, '
+                   '"max_logit_gap": 0.3}}')
+    vulkan.write_text('{"compute_backend": "vulkan", "tolerance": {"max_value_error": 0.2, "min_overlap": 5, '
+                      '"max_logit_error": 0.4, "max_logit_gap": 0.5}}')
+    parser = verifier.argparse.ArgumentParser()
+    devices, tolerances = verifier.backends_from_flags(parser, ["vulkan=vulkan0"], [str(cpu), f"vulkan={vulkan}"])
+    assert devices == {"cpu": "cpu", "vulkan": "vulkan0"}
+    assert tolerances["vulkan"] == commitment.Tolerance(0.2, 5, 0.4, 0.5) and tolerances["cpu"].min_overlap == 6
+    for devices_flags, calibrations in ([["vulkan=vulkan0"], [str(cpu)]],  # no Vulkan calibration
+                                        [[], [f"vulkan={cpu}"]],  # the CPU's calibration given as Vulkan's
+                                        [[], [f"cpu={vulkan}"]],  # and the other way round
+                                        [["vulkan"], [str(cpu)]]):  # not BACKEND=DEVICE
+        with pytest.raises(SystemExit) as exited:
+            verifier.backends_from_flags(parser, devices_flags, calibrations)
+        assert exited.value.code == 2
 
 
 def test_jobs_of_another_artifact_or_recipe_are_refused_before_any_hop_is_asked(replayer, tmp_path):
@@ -54,7 +108,7 @@ def test_jobs_of_another_artifact_or_recipe_are_refused_before_any_hop_is_asked(
     }
     for message, job in wrong.items():
         with pytest.raises(audit.WrongRecipe, match=message.strip()):
-            replayer.job_matmul_activations(job)
+            replayer.plan(job)
         with pytest.raises(audit.WrongRecipe):  # not grpc's UNAVAILABLE from the hop at 127.0.0.1:1
             verifier.run_audit(job, (replayer, replayer), commitment.Tolerance(1.0, 1, 1.0, 1.0), 4, 0)
-    assert replayer.job_matmul_activations(honest) == "f32"  # the refusals changed nothing
+    assert replayer.plan(honest) == audit.ReplayPlan.on_cpu(1, "f32")  # the refusals changed nothing

@@ -4,9 +4,12 @@ VERIFIER.token`: the verifier role (docs/adr/0008-verified-outputs.md).
 Takes the tracker's pending audits of the model it holds (`--gguf`: the whole file or its parts
 record) one at a time, fetches each hop's signed commitments with the audit tickets the tracker
 issued, replays the session range by range (one process per route range: no process holds the
-whole model) under the recipe the job names (its matmul activations; a job of another artifact
-or recipe is refused, not reported, and goes back to the tracker's queue), checks `--positions`
-random positions per hop at the calibrated tolerance, and reports the verdict. Policy for a
+whole model), each range on its hop's compute backend under the recipe the job names for it (ADR 0015:
+`--device vulkan=vulkan0` adds a backend, with its own `--calibration vulkan=PATH`; the tracker
+hands out only audits whose every hop ran a backend the verifier replays; a job of another
+artifact or recipe is refused, not reported, and goes back to the tracker's queue), checks
+`--positions` random positions per hop at the calibrated tolerance of the backends its boundary
+went through, and reports the verdict. Policy for a
 refutation: check every position of every hop (so that blame goes to the first hop refuted
 anywhere, not to a downstream hop whose tokens a cheat upstream spoiled at positions the sample
 missed), replay once more with another thread count, and blame the culprit only when the second
@@ -25,7 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import grpc
 import numpy as np
@@ -67,10 +70,17 @@ def findings_json(verdict: audit.Verdict, listed: int = 64) -> list[dict]:
              "positions": list(f.positions[:listed]), "detail": f.detail} for f in verdict.findings]
 
 
-def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
-              positions: int, seed: int, stats: Optional[VerifierStats] = None) -> tt.ReportAuditRequest:
+def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer],
+              tol: commitment.Tolerance | Mapping[str, commitment.Tolerance], positions: int, seed: int,
+              stats: Optional[VerifierStats] = None) -> tt.ReportAuditRequest:
+    """`tol`: the calibrated tolerance per compute backend (one Tolerance: the CPU's)."""
     stats = stats if stats is not None else VerifierStats()
-    matmul_activations = replayers[0].job_matmul_activations(job)  # WrongRecipe before any hop is asked
+    plan = replayers[0].plan(job)  # WrongRecipe before any hop is asked
+    calibrated = {"cpu": tol} if isinstance(tol, commitment.Tolerance) else tol
+    missing = sorted(set(plan.backends) - set(calibrated))
+    if missing:
+        raise audit.WrongRecipe(f"audit {job.audit_id}: no calibrated tolerance for {', '.join(missing)}")
+    tol = plan.tolerances(calibrated)
     fetched = []
     for hop, ticket in zip(job.hops, job.tickets):
         node = hop.node
@@ -86,7 +96,7 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
     tokens = audit.session_tokens(fetched)
     layers = [h.layers for h in fetched]
     started = time.perf_counter()
-    replay = replayers[0].replay(tokens, layers, matmul_activations)
+    replay = replayers[0].replay(tokens, layers, plan)
     stats.audits += 1
     stats.replay_seconds += time.perf_counter() - started
     stats.replayed_tokens += len(tokens)
@@ -99,7 +109,7 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
         # clean while its downstream hop's tokens, computed from its output, are refuted. The
         # replay covers them all already; the second replay (another thread count) must agree.
         full = audit.judge(fetched, replay, tol, ALL_POSITIONS, np.random.default_rng(seed))
-        second = audit.judge(fetched, replayers[1].replay(tokens, layers, matmul_activations), tol, ALL_POSITIONS,
+        second = audit.judge(fetched, replayers[1].replay(tokens, layers, plan), tol, ALL_POSITIONS,
                              np.random.default_rng(seed))
         evidence.update(findings=findings_json(full), sampled_culprit=verdict.culprit,
                         confirmed=second.culprit == full.culprit)
@@ -119,14 +129,15 @@ def proof(fetched: list[audit.HopCommitments], culprit: str) -> tuple[tt.SignedC
     return tuple(hop.signed for hop in fetched[max(0, at - 1):at + 1])
 
 
-def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.Replayer], tol: commitment.Tolerance,
+def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.Replayer],
+                 tol: commitment.Tolerance | Mapping[str, commitment.Tolerance],
                  positions: int, stop: threading.Event, poll_seconds: float = 1.0,
                  seed: Optional[int] = None, stats: Optional[VerifierStats] = None) -> int:
     """Runs audits until `stop`; how many were reported (`stats`, if given, adds up their cost)."""
     reported = 0
     while not stop.is_set():
         try:
-            reply = tracker.take_audit(replayers[0].artifact)
+            reply = tracker.take_audit(replayers[0].artifact, replayers[0].compute_backends)
         except grpc.RpcError as err:
             # not reached, or refused (an unenrolled key: ADR 0017, enrolment is read again within 5 s)
             log("take_audit_failed", error=err.code().name, details=err.details())
@@ -153,6 +164,31 @@ def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.
     return reported
 
 
+def backends_from_flags(parser: argparse.ArgumentParser, device_flags: list[str],
+                        calibration_flags: list[str]) -> tuple[dict[str, str], dict[str, commitment.Tolerance]]:
+    """(backend -> device, backend -> tolerance) from --device and --calibration; the CPU always,
+    and every backend replayed must have its own calibration (exit 2 otherwise)."""
+    devices = {"cpu": "cpu"}
+    for flag in device_flags:
+        backend, _, device = flag.partition("=")
+        if not backend or not device or backend == "cpu":
+            parser.error(f"--device {flag!r}: BACKEND=DEVICE, e.g. vulkan=vulkan0")
+        devices[backend] = device
+    tolerances = {}
+    for flag in calibration_flags:
+        backend, _, path = flag.partition("=")
+        if not path or "/" in backend:  # a plain PATH: the CPU's
+            backend, path = "cpu", flag
+        try:
+            tolerances[backend] = commitment.tolerance_from_calibration(path, backend)
+        except (OSError, ValueError, KeyError) as err:
+            parser.error(f"--calibration {flag}: {err}")
+    missing = sorted(set(devices) - set(tolerances))
+    if missing:
+        parser.error(f"no --calibration for {', '.join(missing)}: a backend is judged only at its own tolerance")
+    return devices, tolerances
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Meshnet verifier role")
     parser.add_argument("--tracker", required=True, type=tracker_addresses, help="tracker HOST:PORT; several, comma-separated, for replicated trackers (calls fail over between them)")
@@ -164,8 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", required=True, type=Path,
                         help="the certified model: the whole GGUF, or the parts record (MODEL.parts.json) of its "
                              "per-range files (//python:cut_model); replays open one range at a time")
-    parser.add_argument("--dump-boundaries", required=True, type=Path, help="//cpp/engine:dump_boundaries")
-    parser.add_argument("--calibration", required=True, type=Path, help="calibration.json of this model's recipe")
+    parser.add_argument("--dump-boundaries", required=True, type=Path,
+                        help="//cpp/engine:dump_boundaries, or a build of it linked with the GPU backends of --device")
+    parser.add_argument("--calibration", required=True, action="append", metavar="[BACKEND=]PATH",
+                        help="calibration.json of this model's recipe on BACKEND (default cpu); once per backend")
+    parser.add_argument("--device", action="append", default=[], metavar="BACKEND=DEVICE",
+                        help="also replay hops of BACKEND on DEVICE (vulkan=vulkan0, cuda=cuda0); needs its calibration")
+    parser.add_argument("--vulkan-dump-boundaries", type=Path, help=argparse.SUPPRESS)  # set by bazel run
     parser.add_argument("--positions", type=int, default=16, help="positions checked per hop per audit")
     args = parser.parse_args(argv)
     token = tracker_token(parser, args.token_file, "MESHNET_VERIFIER_TOKEN", "verifier", args.tracker_ca,
@@ -173,14 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     identity = Identity.load_or_create(args.identity) if args.identity else Identity.generate()
     tracker = TrackerClient(args.tracker, token, identity,
                             tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
+    devices, tolerances = backends_from_flags(parser, args.device, args.calibration)
+    binary = args.vulkan_dump_boundaries if "vulkan" in devices and args.vulkan_dump_boundaries else args.dump_boundaries
     try:
-        replayers = (audit.Replayer(args.dump_boundaries, args.gguf, threads=2),
-                     audit.Replayer(args.dump_boundaries, args.gguf, threads=1))
+        replayers = (audit.Replayer(binary, args.gguf, threads=2, devices=devices),
+                     audit.Replayer(binary, args.gguf, threads=1, devices=devices))
     except ValueError as err:
         parser.error(f"--gguf {args.gguf}: {err}")
     stop = stop_on_signals()
-    log("verifying", tracker=args.tracker, model=str(args.gguf), positions=args.positions, principal=identity.principal)
-    serve_audits(tracker, replayers, commitment.tolerance_from_calibration(args.calibration), args.positions, stop)
+    log("verifying", tracker=args.tracker, model=str(args.gguf), positions=args.positions, principal=identity.principal,
+        compute_backends=list(devices))
+    serve_audits(tracker, replayers, tolerances, args.positions, stop)
     tracker.close()
     return 0
 

@@ -261,6 +261,16 @@ class TrackerKeyReply:
 @dataclasses.dataclass(frozen=True)
 class TakeAuditRequest:
     model_artifact: str = ""  # only audits of a model certified from this artifact ("" any)
+    compute_backends: tuple[str, ...] = ()  # what the verifier replays (ADR 0015; () = ("cpu",))
+
+
+@dataclasses.dataclass(frozen=True)
+class HopRecipe:
+    """The certified recipe one hop of an audited route ran (ADR 0015)."""
+
+    compute_backend: str
+    recipe_fingerprint: str
+    matmul_activations: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +283,7 @@ class AuditJob:
     # the certified entry's artifact and recipe: the verifier replays under this recipe, from this artifact
     fingerprints: Optional[Fingerprints] = None
     matmul_activations: str = ""  # the recipe's, in clear ("" from a tracker before this field)
+    hop_recipes: tuple[HopRecipe, ...] = ()  # per hop ((): every hop ran `fingerprints`' recipe)
 
 
 @dataclasses.dataclass(frozen=True)
