@@ -16,7 +16,9 @@ RESOURCE_EXHAUSTED with Retry-After, 503 no coverage, 504 a deadline) are real H
 failure after that ends the stream with an OpenAI error event. A client that goes away, from
 the moment its body is read, cancels its route (CANCEL along the chain: every hop frees its KV).
 Prompts are built here: the GGUF's chat template (jinja2), and the GGUF's tokenizer, with no
-torch in the process.
+torch in the process. A chat with active tools (issue 33) has a tool_use.ToolPlan: its prompt
+renders the tools, its text keeps the family's marker tokens, and its answer's tool calls are
+parsed (whole, or streamed as tool-call deltas); without one, nothing here changes.
 Size: about 500 lines, because the two generation endpoints are one contract (the same checks in
 the same order) and read best together; request models are in schema.py, the generation in
 generation.py.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import secrets
 import time
@@ -39,7 +42,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from meshnet.client.session import GenerationParams, MeshnetError
 from meshnet.client.text import IncrementalText
-from meshnet.gateway import prompts, schema
+from meshnet.gateway import prompts, schema, tool_use
 from meshnet.gateway.errors import ApiError, bad_request, from_status
 from meshnet.gateway.keys import ApiKey, KeyRing
 from meshnet.gateway.metrics import GatewayMetrics
@@ -73,11 +76,12 @@ class _Generation:
     """One request's run: prompt -> route -> text pieces; owns the key slot and the stream."""
 
     def __init__(self, app: "Gateway", served: ServedModel, key: Optional[ApiKey], prompt_ids: list[int],
-                 params: GenerationParams, stops: Sequence[str], slot) -> None:
-        """`slot`: the key's concurrent-generation slot, already taken; released by close()."""
+                 params: GenerationParams, stops: Sequence[str], slot, decode=None) -> None:
+        """`slot`: the key's concurrent-generation slot, already taken; released by close().
+        `decode`: token ids to text, the tokenizer's decode unless given (tool_use.decoder)."""
         self.app, self.served, self.key = app, served, key
         self.prompt_ids, self.params = prompt_ids, params
-        self.text = IncrementalText(lambda ids: served.tokenizer.decode(ids), stops)
+        self.text = IncrementalText(decode or (lambda ids: served.tokenizer.decode(ids)), stops)
         self.finish_reason = "length"
         self.completion_tokens = 0
         self._slot = slot
@@ -310,6 +314,7 @@ async def _generate(gateway: Gateway, request: Request, body_type: type, kind: s
     body = schema.parse(body_type, await _read_json(request, gateway.config.max_body_bytes))
     body.check_common()
     served = _served(gateway, body.model)
+    plan = tool_use.plan_for(body, served) if kind == "chat" else None
     alternatives = body.alternatives()
     slot = gateway.slot(key)
     slot.__enter__()  # ApiError 429 when the key is at its limit, before any work on the prompt
@@ -319,14 +324,16 @@ async def _generate(gateway: Gateway, request: Request, body_type: type, kind: s
             raise ApiError(400, f"the prompt has {chars} characters, over this gateway's limit of "
                                 f"{gateway.config.max_prompt_chars}", param="messages" if kind == "chat" else "prompt",
                            code="context_length_exceeded")
+        build = functools.partial(prompt_of, plan=plan) if plan is not None else prompt_of
         async with gateway.prompt_builders:
-            prompt_ids = await asyncio.to_thread(prompt_of, served, body)
+            prompt_ids = await asyncio.to_thread(build, served, body)
+        decode = tool_use.decoder(served.tokenizer, plan.family) if plan is not None else None
         run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
-                          body.stop_strings(), slot)
+                          body.stop_strings(), slot, decode)
     except BaseException:
         slot.__exit__(None, None, None)
         raise
-    return await _respond(request, run, body, kind, alternatives)
+    return await _respond(request, run, body, kind, alternatives, plan)
 
 
 def _params(body, served: ServedModel, alternatives: Optional[int], config: GatewayConfig) -> GenerationParams:
@@ -340,7 +347,8 @@ def _params(body, served: ServedModel, alternatives: Optional[int], config: Gate
 
 # ---- responses -------------------------------------------------------------------------------
 
-async def _respond(request: Request, run: _Generation, body, kind: str, alternatives: Optional[int]) -> Response:
+async def _respond(request: Request, run: _Generation, body, kind: str, alternatives: Optional[int],
+                   plan: Optional[tool_use.ToolPlan]) -> Response:
     """The response; a client that leaves before it is complete cancels the route at once (issue
     35, finding 10): a watcher waits for the disconnect from the moment the body is read until the
     first token (streaming: StreamingResponse watches from there on) or the whole answer."""
@@ -349,7 +357,7 @@ async def _respond(request: Request, run: _Generation, body, kind: str, alternat
     if body.stream:
         if not await _unless_disconnected(request, run, run.open()):
             return Response(status_code=499)
-        return StreamingResponse(_sse(request, run, body, kind, alternatives, ident, created),
+        return StreamingResponse(_sse(request, run, body, kind, alternatives, ident, created, plan),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     text, tokens = [], []
@@ -368,8 +376,10 @@ async def _respond(request: Request, run: _Generation, body, kind: str, alternat
     content = "".join(text)
     logprobs = _logprobs(run, kind, tokens) if alternatives is not None else None
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": logprobs,
-                  "finish_reason": run.finish_reason}
+        message, finish = {"role": "assistant", "content": content}, run.finish_reason
+        if plan is not None:
+            message, finish = plan.answer(content, ident, finish)
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": content, "logprobs": logprobs, "finish_reason": run.finish_reason}
@@ -402,7 +412,9 @@ async def _unless_disconnected(request: Request, run: _Generation, work) -> bool
 
 
 async def _sse(request: Request, run: _Generation, body, kind: str, alternatives: Optional[int], ident: str,
-               created: int) -> AsyncIterator[bytes]:
+               created: int, plan: Optional[tool_use.ToolPlan]) -> AsyncIterator[bytes]:
+    """The SSE events. With a tool plan, each piece's text goes through tool_use.ToolDeltas: a
+    chunk per content or tool-call delta, the tokens' logprobs on the next chunk sent."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     usage_field = {"usage": None} if body.include_usage else {}
 
@@ -411,10 +423,13 @@ async def _sse(request: Request, run: _Generation, body, kind: str, alternatives
                    "choices": [choice] if choice is not None else [], **usage_field, **extra}
         return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
-    def choice(text: str, tokens: list, finish: Optional[str] = None, first: bool = False) -> dict:
+    def choice(text: str, tokens: list, finish: Optional[str] = None, first: bool = False,
+               delta: Optional[dict] = None) -> dict:
         logprobs = _logprobs(run, kind, tokens) if alternatives is not None and tokens else None
         if kind == "chat":
-            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text or not finish else {})
+            if delta is None:
+                delta = {"role": "assistant", "content": text} if first else (
+                    {"content": text} if text or not finish else {})
             return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
@@ -422,9 +437,23 @@ async def _sse(request: Request, run: _Generation, body, kind: str, alternatives
     try:
         if kind == "chat":
             yield chunk(choice("", [], first=True))
+        calls = tool_use.ToolDeltas(plan, ident) if plan is not None else None
+        held: list = []  # tokens whose text ToolDeltas holds back
         async for piece in run.pieces():
-            yield chunk(choice(piece.text, piece.tokens))
-        yield chunk(choice("", [], run.finish_reason))
+            if calls is None:
+                yield chunk(choice(piece.text, piece.tokens))
+                continue
+            held += piece.tokens
+            for delta in calls.feed(piece.text):
+                yield chunk(choice("", held, delta=delta))
+                held = []
+        finish = run.finish_reason
+        if calls is not None:
+            for delta in calls.finish():
+                yield chunk(choice("", held, delta=delta))
+                held = []
+            finish = calls.finish_reason(finish)
+        yield chunk(choice("", held, finish))
         if body.include_usage:
             yield chunk(None, usage=run.usage())
         yield b"data: [DONE]\n\n"

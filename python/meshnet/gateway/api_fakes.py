@@ -1,7 +1,8 @@
-"""Test fakes for the gateway's API tests (api_test.py, hostile_test.py): a fake swarm backend
-(FakeSwarmBackend), a fake tokenizer (one token per byte), the app under uvicorn as main.py
-configures it (`running`), and one HTTP request (`request`). Named as fakes: never used outside
-tests."""
+"""Test fakes for the gateway's API tests (api_test.py, hostile_test.py, tool_api_test.py): a
+fake swarm backend (FakeSwarmBackend, whose outputs a test can script), a fake tokenizer (one
+token per byte) and one with a special token (FakeMarkerTokenizer), the app under uvicorn as
+main.py configures it (`running`), and one HTTP request (`request`). Named as fakes: never used
+outside tests."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Optional, Union
 
 import uvicorn
 
@@ -42,10 +43,39 @@ class FakeTokenizer:
         return bytes(i for i in ids if i < 256).decode(errors="replace")
 
 
-class FakeStream:
-    """Test fake of generation.TokenStream: yields `reply`'s bytes (then EOS), or fails."""
+class FakeMarkerTokenizer(FakeTokenizer):
+    """Test fake: FakeTokenizer plus one control token, MARKER_ID for MARKER (as Mistral's
+    [TOOL_CALLS] is): one id when encoded with special=True, dropped by decode unless
+    skip_special=False. Its template renders tools and tool calls Mistral's way, and refuses call
+    ids that are not 9 characters long as Mistral's do."""
 
-    def __init__(self, reply: bytes, max_tokens: int, failure: Optional[Status], gap: float) -> None:
+    MARKER, MARKER_ID = "[TOOL_CALLS]", 257
+    vocab_size = 258
+    chat_template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}{% if c.id | length != 9 %}"
+                     "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
+                     "{% endfor %}{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}"
+                     "{% else %}<{{ m.role }}>{{ m.content }}{% endif %}\n{% endfor %}"
+                     "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+                     "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+    def encode(self, text: str, special: bool = True, add_bos=None) -> list[int]:
+        if not special:
+            return super().encode(text)
+        ids: list[int] = []
+        for n, part in enumerate(text.split(self.MARKER)):
+            ids += ([self.MARKER_ID] if n else []) + super().encode(part)
+        return ids
+
+    def decode(self, ids, skip_special: bool = True) -> str:
+        kept = (self.MARKER.encode() if i == self.MARKER_ID else bytes([i]) for i in ids
+                if i < 256 or (i == self.MARKER_ID and not skip_special))
+        return b"".join(kept).decode(errors="replace")
+
+
+class FakeStream:
+    """Test fake of generation.TokenStream: yields `reply`'s bytes or ids (then EOS), or fails."""
+
+    def __init__(self, reply: Union[bytes, list[int]], max_tokens: int, failure: Optional[Status], gap: float) -> None:
         ids = list(reply)[:max_tokens]
         if len(ids) < max_tokens:
             ids.append(EOS)
@@ -78,10 +108,12 @@ class FakeSwarmBackend:
         self.started: list[tuple[str, str, list[int]]] = []
         self.streams: list[FakeStream] = []
         self.reply, self.gap = b"Hello, world!", 0.0
+        self.scripted: list[Union[bytes, list[int]]] = []  # outputs of the next generations, in order
 
     def start(self, model, client_id, prompt_ids, params):
         self.started.append((model, client_id, list(prompt_ids)))
-        stream = FakeStream(self.reply, params.max_tokens, self.FAILURES.get(model), self.gap)
+        reply = self.scripted.pop(0) if self.scripted else self.reply
+        stream = FakeStream(reply, params.max_tokens, self.FAILURES.get(model), self.gap)
         self.streams.append(stream)
         return stream
 

@@ -33,6 +33,7 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_TOOL_CALLS = 64  # of one assistant message
 RENDER_SECONDS = 1.0  # of the rendering thread's time for one prompt
 MAX_RENDER_CHARS = 4 << 20  # of any string or list a template makes, and of its output
 
@@ -100,7 +101,9 @@ class _Deadline:
 
 
 def _checked_messages(messages: Any) -> list[dict]:
-    """Copies of the messages with content flattened to a string and None values dropped."""
+    """Copies of the messages with content flattened to a string and None values dropped. Only an
+    assistant message has `tool_calls` (a list of at most MAX_TOOL_CALLS objects, whose shape is
+    the template's business) and may then omit content; `tool_call_id`, if any, is a string."""
     if not isinstance(messages, list) or not messages:
         raise ChatTemplateError("messages must be a non-empty list")
     checked = []
@@ -112,6 +115,14 @@ def _checked_messages(messages: Any) -> list[dict]:
         if role not in ROLES:
             raise ChatTemplateError(f"{where}: role {role!r} is not one of {', '.join(ROLES)}")
         copy = {key: value for key, value in message.items() if value is not None}
+        calls = message.get("tool_calls")
+        if calls is not None and role != "assistant":
+            raise ChatTemplateError(f"{where}: only assistant messages have tool_calls")
+        if calls is not None and not (isinstance(calls, list) and len(calls) <= MAX_TOOL_CALLS
+                                      and all(isinstance(call, dict) for call in calls)):
+            raise ChatTemplateError(f"{where}: tool_calls must be a list of at most {MAX_TOOL_CALLS} objects")
+        if not isinstance(message.get("tool_call_id", ""), str):
+            raise ChatTemplateError(f"{where}: tool_call_id must be a string")
         content = message.get("content")
         if content is None and not (role == "assistant" and message.get("tool_calls")):
             raise ChatTemplateError(f"{where}: content is missing")

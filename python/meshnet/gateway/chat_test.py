@@ -108,6 +108,11 @@ def test_extra_variables_reach_the_template():
     (["just a string"], r"messages\[0\] is not an object"),
     ([], "non-empty list"),
     ("hello", "non-empty list"),
+    ([{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}], r"only assistant messages have tool_calls"),
+    ([{"role": "assistant", "tool_calls": {"id": "1"}}], "tool_calls must be a list of at most 64 objects"),
+    ([{"role": "assistant", "tool_calls": [{"id": str(n)} for n in range(65)]}], "at most 64 objects"),
+    ([{"role": "assistant", "tool_calls": ["call"]}], "at most 64 objects"),
+    ([{"role": "tool", "content": "21", "tool_call_id": 7}], "tool_call_id must be a string"),
 ])
 def test_refuses_malformed_messages(tokenizer, messages, match):
     with pytest.raises(ChatTemplateError, match=match):
@@ -118,6 +123,36 @@ def test_assistant_tool_calls_may_omit_content():
     calls = [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]
     assert render_chat("{{ messages[0].tool_calls | tojson }}{{ messages[0].content is defined }}", calls) == \
         '[{"id": "1"}]False'
+
+
+# Tools and tool turns, in the shape the gateway passes them (tool_use.template_messages):
+# arguments as a JSON object, tool messages with tool_call_id and name.
+TOOLS_TEMPLATE = """\
+{% if tools %}<tools>{% for tool in tools %}{{ tool | tojson }}|{{ tool.function.parameters | tojson(indent=1) }}
+{% endfor %}</tools>{% endif %}
+{% for m in messages %}<{{ m.role }}>{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.id }}:{{ c.function.name }}\
+{{ c.function.arguments | tojson }}{% endfor %}{% elif m.role == 'tool' %}\
+{{ m.tool_call_id }}/{{ m.name }}={{ m.content }}\
+{% else %}{{ m.content }}{% endif %}
+{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}
+"""
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Météo <now>", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CALLED = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"temp_c\": 21}"},
+]
+
+
+def test_tools_and_tool_turns_match_transformers(tokenizer, hf_tokenizer):
+    expected = hf_tokenizer.apply_chat_template(CALLED, tools=TOOLS, chat_template=TOOLS_TEMPLATE, tokenize=False,
+                                                add_generation_prompt=True)
+    got = ours(tokenizer, CALLED, TOOLS_TEMPLATE, tools=TOOLS)
+    assert got == expected
+    assert '<tools>{"type": "function"' in got and 'call_1:get_weather{"city": "Paris"}' in got
+    assert 'call_1/get_weather={"temp_c": 21}' in got
 
 
 @pytest.mark.parametrize("template,match", [

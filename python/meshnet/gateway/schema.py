@@ -2,23 +2,29 @@
 the checks that turn them into Meshnet sampling parameters.
 
 Unknown fields are ignored as OpenAI-compatible servers do, except the ones whose meaning the
-gateway cannot honour (tools, penalties, n > 1, echo, ...): those are refused with a 400 that
-names the parameter, so a client never silently gets something other than it asked for.
+gateway cannot honour (penalties, n > 1, echo, the deprecated functions, ...): those are refused
+with a 400 that names the parameter, so a client never silently gets something other than it
+asked for. Chat's tool fields (tools, tool_choice, parallel_tool_calls, response_format, tool
+turns in messages) are checked by tool_request.py; completions still refuse them.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from meshnet.gateway import tool_request
 from meshnet.gateway.errors import ApiError, bad_request
+from meshnet.gateway.tool_request import ToolRequest
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 1024
 MAX_TOKENS = 1 << 20  # max_tokens past this is a 400 (a route's own limit, if lower, answers 400 too)
+MAX_CALLS_IN_MESSAGE = 64  # tool_calls of one assistant message
+MAX_CALL_ID_CHARS = 256
 
 
 class _Body(BaseModel):
@@ -30,10 +36,24 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    arguments: str  # JSON text, as OpenAI sends it; its size counts towards the prompt's
+
+
+class MessageToolCall(_Body):
+    """A call an earlier assistant turn made (the client sends the conversation back)."""
+    id: str = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = Field(None, max_length=64)
+    tool_calls: Optional[list[MessageToolCall]] = Field(None, max_length=MAX_CALLS_IN_MESSAGE)
+    tool_call_id: Optional[str] = Field(None, min_length=1, max_length=MAX_CALL_ID_CHARS)
 
     def text(self) -> str:
         if self.content is None:
@@ -61,6 +81,11 @@ class _Common(_Body):
     frequency_penalty: float = 0.0
     user: Optional[str] = None
 
+    # Extra fields refused with a 400 when present and not empty (ChatRequest serves some).
+    unsupported_fields: ClassVar[tuple[str, ...]] = ("tools", "functions", "logit_bias", "tool_choice", "function_call",
+                                                     "response_format", "best_of", "suffix", "audio", "modalities",
+                                                     "prediction")
+
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > MAX_STOP_STRINGS:
@@ -78,8 +103,7 @@ class _Common(_Body):
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         extra = self.model_extra or {}
-        for name in ("tools", "functions", "logit_bias", "tool_choice", "function_call", "response_format",
-                     "best_of", "suffix", "audio", "modalities", "prediction"):
+        for name in self.unsupported_fields:
             if extra.get(name) not in (None, [], {}):
                 raise bad_request(f"{name} is not supported by this gateway", name)
 
@@ -93,6 +117,24 @@ class ChatRequest(_Common):
     max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: Any = None  # checked by tool_request.checked (its 400s name "tools", not a pydantic path)
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    unsupported_fields: ClassVar[tuple[str, ...]] = ("functions", "logit_bias", "function_call", "best_of", "suffix",
+                                                     "audio", "modalities", "prediction")
+    _tools: Optional[ToolRequest] = PrivateAttr(None)
+
+    def check_common(self) -> None:
+        super().check_common()
+        self._tools = tool_request.checked(_given(self.tools), _given(self.tool_choice), self.parallel_tool_calls)
+        tool_request.check_response_format(_given(self.response_format))
+        tool_request.check_messages(self.messages)
+
+    @property
+    def checked_tools(self) -> Optional[ToolRequest]:
+        """The checked tools (None: none were given); set by check_common."""
+        return self._tools
 
     def budget(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
@@ -116,6 +158,11 @@ class CompletionRequest(_Common):
         if self.echo:
             raise bad_request("echo is not supported", "echo")
         return self.logprobs
+
+
+def _given(value: Any) -> Any:
+    """None for an absent or empty value (null, [] or {}): those were always accepted as absent."""
+    return None if value is None or value == [] or value == {} else value
 
 
 def parse(model: type[_Body], data: object) -> _Body:

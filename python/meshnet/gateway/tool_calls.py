@@ -1,7 +1,7 @@
 """Tool calls in a model's output (issue 33): the text a chat model generated, parsed into
 OpenAI's `tool_calls` by the syntax of the model's template family.
 
-The gateway's chat route (once wired) picks the family with `detect_family` from the GGUF's chat
+The gateway's chat route (tool_use.py) picks the family with `detect_family` from the GGUF's chat
 template, then parses the whole output with `parse_tool_calls`, or a stream with
 `ToolCallStream`. Families:
 
@@ -51,6 +51,16 @@ class ToolCallFamily(str, enum.Enum):
     LLAMA3 = "llama3"
     MISTRAL = "mistral"
     GENERIC = "generic"
+
+
+# The text markers of each family's syntax: models often emit them as single special tokens,
+# which a detokenizer must keep for the parser to see them.
+MARKERS: dict[ToolCallFamily, tuple[str, ...]] = {
+    ToolCallFamily.HERMES: (_HERMES_OPEN, _HERMES_CLOSE),
+    ToolCallFamily.LLAMA3: (_PYTHON_TAG,),
+    ToolCallFamily.MISTRAL: (_MISTRAL_CALLS, _MISTRAL_ARGS),
+    ToolCallFamily.GENERIC: (),
+}
 
 
 class UnsupportedToolTemplate(ValueError):
