@@ -77,6 +77,7 @@ std::optional<protocol::SeamReply> HopSession::Step(const SessionKey& key, Sessi
   item.owner = info.owner;
   item.pos = static_cast<int32_t>(start);
   item.all_logits = !frame.draft_token_ids.empty();
+  item.span = item.all_logits;
   bool complete = true;
   Status input = Input(key, frame, &item, &complete);
   if (!input.ok()) return hop_.Reply(frame, input);

@@ -17,6 +17,14 @@ BatchShape BatchShapeFor(const std::string& device) {
   return {kVectorKernelRows, true};
 }
 
+int PrefillChunk(int rows_left, int budget, int max_chunk) {
+  int count = std::min({rows_left, budget, max_chunk});
+  const int rest = rows_left - count;
+  const int short_by = kVectorKernelRows + 1 - rest;  // rows the tail lacks to leave the vector kernels
+  if (rest > 0 && short_by > 0 && count - short_by > kVectorKernelRows) count -= short_by;
+  return count;
+}
+
 std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget,
                              int max_prefill_chunk, const BatchShape& shape) {
   std::vector<Slice> plan;
@@ -26,7 +34,8 @@ std::vector<Slice> PlanBatch(const std::vector<PendingView>& pending, int budget
     const auto oldest = std::find_if(pending.begin(), pending.end(),
                                      [](const PendingView& view) { return view.rows_left > 0; });
     if (oldest != pending.end() && !oldest->decode) {
-      plan.push_back({static_cast<int>(oldest - pending.begin()), std::min({oldest->rows_left, budget, chunk})});
+      const int limit = oldest->span ? std::min(chunk, kVectorKernelRows) : chunk;
+      plan.push_back({static_cast<int>(oldest - pending.begin()), PrefillChunk(oldest->rows_left, budget, limit)});
       return plan;
     }
   }
@@ -244,7 +253,7 @@ void Scheduler::Step(engine::Context& ctx) {
     }
     std::vector<PendingView> views;
     for (const auto& p : pending_) {
-      views.push_back({p->item.seq, p->rows - p->done_rows, p->rows == 1});
+      views.push_back({p->item.seq, p->rows - p->done_rows, p->rows == 1, p->item.span});
     }
     plan = PlanBatch(views, options_.max_batch_tokens, options_.max_prefill_chunk, options_.batch_shape);
     OrderBySequence(&plan, views);

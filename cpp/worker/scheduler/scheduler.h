@@ -46,6 +46,7 @@ struct PendingView {  // one pending item as PlanBatch sees it
   int32_t seq = 0;
   int rows_left = 0;    // rows not yet decoded
   bool decode = false;  // a one-row decode step
+  bool span = false;    // a speculative verify span: decode rows, several at once
 };
 
 struct Slice {  // rows [offset, offset + count) of the item's remaining rows in this batch
@@ -68,6 +69,14 @@ struct BatchShape {
 inline constexpr int kVectorKernelRows = 8;  // ggml-vulkan's mul_mat_vec_max_cols at the pin
 // The shape for a range computing on `device` ("cpu", "vulkan0", ...).
 BatchShape BatchShapeFor(const std::string& device);
+
+// A speculative verify span on such a device is computed kVectorKernelRows rows at a time, as
+// decode steps are (an audit replays it one row at a time).
+// The rows of a prefill's next chunk on such a device: min(rows_left, budget, max_chunk), less
+// what keeps the rest off the vector kernels: a tail of kVectorKernelRows rows or fewer behind a
+// larger chunk would compute with other kernels than one prefill of the whole prompt (what an
+// audit replays on a GPU, ADR 0015), so it is made kVectorKernelRows + 1 rows.
+int PrefillChunk(int rows_left, int budget, int max_chunk);
 
 // Which rows of `pending` (in queue order) go into the next batch: decode items first, then
 // prefill chunks (each <= max_prefill_chunk), never two slices of one seq, at most `budget`
@@ -126,6 +135,9 @@ struct WorkItem {
   std::shared_ptr<StepClaim> claim;  // optional: claimed before `done` gets an OK
   // Last shard: the logits of every row (rows * n_vocab), not only the last row's (speculation).
   bool all_logits = false;
+  // A speculative verify span (drafted rows after the session's last token): on a GPU computed
+  // at most kVectorKernelRows rows per batch, in the kernels decode steps take (ADR 0015).
+  bool span = false;
   // Engine thread: OK with hidden rows (rows * n_embd) or the last row's logits (n_vocab; every
   // row's with all_logits).
   std::function<void(const protocol::Status&, std::vector<float>)> done;

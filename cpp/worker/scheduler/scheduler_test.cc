@@ -97,6 +97,30 @@ TEST(PlanBatchTest, OnAGpuAPrefillRunsAloneAndDecodesShareUpToTheVectorKernelsRo
   EXPECT_TRUE(PlanBatch(pending, 0, 16, gpu).empty());
 }
 
+TEST(PlanBatchTest, OnAGpuAPrefillLeavesNoTailForTheVectorKernels) {
+  const BatchShape gpu = BatchShapeFor("vulkan0");
+  using P = std::vector<std::pair<int, int>>;
+  // 132 prompt rows at chunks of 128: 123 then 9 (both past the vector kernels), not 128 then 4.
+  EXPECT_EQ(Pairs(PlanBatch({{0, 132, false}}, 256, 128, gpu)), (P{{0, 123}}));
+  EXPECT_EQ(Pairs(PlanBatch({{0, 9, false}}, 256, 128, gpu)), (P{{0, 9}}));
+  EXPECT_EQ(PrefillChunk(136, 256, 128), 127);  // a tail of 8 becomes 9
+  EXPECT_EQ(PrefillChunk(137, 256, 128), 128);  // a tail of 9 stays
+  EXPECT_EQ(PrefillChunk(300, 256, 128), 128);  // a long rest stays
+  EXPECT_EQ(PrefillChunk(12, 256, 10), 10);     // 10 - 7 would be a vector-kernel chunk itself
+  EXPECT_EQ(PrefillChunk(40, 16, 128), 16);     // the budget bounds it as before
+}
+
+TEST(PlanBatchTest, OnAGpuASpeculativeSpanRunsInVectorKernelChunks) {
+  const BatchShape gpu = BatchShapeFor("vulkan0");
+  using P = std::vector<std::pair<int, int>>;
+  PendingView span{0, 17, false, true};
+  EXPECT_EQ(Pairs(PlanBatch({span}, 256, 128, gpu)), (P{{0, kVectorKernelRows}}));
+  span.rows_left = 1;
+  EXPECT_EQ(Pairs(PlanBatch({span}, 256, 128, gpu)), (P{{0, 1}}));
+  // On the CPU a span is one batch, as before.
+  EXPECT_EQ(Pairs(PlanBatch({{0, 17, false, true}}, 256, 128, BatchShapeFor("cpu"))), (P{{0, 17}}));
+}
+
 std::string Fixture() {
   const char* dir = std::getenv("TEST_TMPDIR");
   std::string path = std::string(dir ? dir : "/tmp") + "/scheduler_test_tiny.gguf";

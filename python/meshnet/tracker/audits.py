@@ -108,7 +108,10 @@ class Audits:
             bare = tuple(dataclasses.replace(h, ticket=None) for h in hops)
             self._pending.append(_Job(secrets.randbits(62) + 1, route, model, bare, backends))
             if len(self._pending) > MAX_PENDING:
-                dropped = self._pending.popleft()
+                # the oldest that is not a confirmation: a refutation waiting for its quorum is
+                # never pushed out by fresh draws (say, of a backend no verifier replays)
+                dropped = next((j for j in self._pending if not j.refuted_by), self._pending[0])
+                self._pending.remove(dropped)
                 log("audit_dropped", audit_id=dropped.audit_id, session=dropped.route.session_id,
                     reason=f"more than {MAX_PENDING} audits pending")
 
@@ -148,7 +151,7 @@ class Audits:
         issued = tuple(tickets.issue_audit(self._key, route.session_id, route.epoch, h.node.node_id,
                                            self._ticket_seconds) for h in job.hops)
         certified = self._registry.certified(job.model)
-        hop_recipes = tuple(tt.HopRecipe(b, *certified.recipe_on(b)) for b in job.backends) if certified else ()
+        hop_recipes = tuple(certified.hop_recipe(h.node.fingerprints.runtime_recipe) for h in job.hops) if certified else ()
         # the first hop's recipe (every hop's, for a route on one backend), as before hop_recipes
         first = hop_recipes[0] if hop_recipes else tt.HopRecipe("", "", "")
         fingerprints = certified and Fingerprints(certified.artifact_fingerprint, first.recipe_fingerprint)

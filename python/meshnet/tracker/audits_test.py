@@ -240,3 +240,19 @@ def test_a_take_naming_bad_backends_is_refused_and_takes_nothing(setup, backends
     refused = audits.take(verifier=VERIFIER, compute_backends=backends)
     assert refused.status.code == StatusCode.INVALID_ARGUMENT and refused.job is None
     assert audits.take(verifier=VERIFIER, compute_backends=("cpu",)).job.session.session_id == "s1"
+
+
+def test_a_confirmation_is_never_pushed_out_of_the_bounded_queue(setup, monkeypatch):
+    """A refutation waits at the front for its quorum; fresh draws past MAX_PENDING push out the
+    oldest other audit (ADR 0016), or a cheat could never be confirmed while, say, audits of a
+    backend no verifier replays fill the queue."""
+    audits, _, _, _ = setup
+    monkeypatch.setattr("meshnet.tracker.audits.MAX_PENDING", 3)
+    cheat = hop("cheat", 0, 30)
+    audits.consider(RouteSession("s-cheat", 1), "smol", (cheat,))
+    job = audits.take(verifier=VERIFIER).job
+    assert audits.report(refutation(job, cheat), VERIFIER).status.ok  # one of two: a confirmation queued
+    for i in range(5):
+        audits.consider(RouteSession(f"s{i}", 1), "smol", (hop("a", 0, 30),))
+    confirmation = audits.take(verifier=SECOND_VERIFIER).job
+    assert confirmation is not None and confirmation.session.session_id == "s-cheat"

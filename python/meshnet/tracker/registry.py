@@ -100,6 +100,15 @@ class CertifiedModel:
         part = next((b for b in self.other_backends if b["compute_backend"] == backend), None)
         return (part["recipe_fingerprint"], part["matmul_activations"]) if part else ("", "")
 
+    def hop_recipe(self, recipe_fingerprint: str) -> tt.HopRecipe:
+        """The certified recipe with this fingerprint, as an audit job names it per hop (ADR 0015);
+        empty fields for one the entry does not certify."""
+        if recipe_fingerprint == self.recipe_fingerprint:
+            return tt.HopRecipe(self.compute_backend, self.recipe_fingerprint, self.matmul_activations)
+        part = next((b for b in self.other_backends if b["recipe_fingerprint"] == recipe_fingerprint), None)
+        return (tt.HopRecipe(part["compute_backend"], recipe_fingerprint, part["matmul_activations"]) if part
+                else tt.HopRecipe("", "", ""))
+
     def route_combinations(self) -> list[frozenset[str]]:
         """The sets of compute backends one route may combine: each certified backend alone, and
         the certified mix, if any."""

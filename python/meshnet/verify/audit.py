@@ -113,6 +113,19 @@ class ReplayPlan:
     def on_cpu(cls, ranges: int, matmul_activations: str = "quantized") -> "ReplayPlan":
         return cls(("cpu",) * ranges, ("cpu",) * ranges, (matmul_activations,) * ranges)
 
+    @property
+    def stepwise(self) -> bool:
+        """Whether the replay must compute as the session did (the prompt in one prefill, then a
+        position per step) rather than in one prefill: on a GPU backend a prefill of more than 8
+        rows takes other kernels than decode steps (ADR 0014), so one prefill would differ from
+        what an honest hop computed; the CPU's reference kernels compute a row alike in any batch."""
+        return any(b != "cpu" for b in self.backends)
+
+    def batch(self, positions: int, prompt: int) -> str:
+        """dump_boundaries' BATCH for a session of `positions` whose prompt (what the audited
+        epoch prefilled) was `prompt` positions."""
+        return f"{prompt}:1" if self.stepwise and 0 < prompt < positions else str(positions)
+
     def tolerances(self, calibrated: Mapping[str, cm.Tolerance]) -> list[cm.Tolerance]:
         """Per hop, what its boundary may differ by: the loosest tolerance of its own backend and
         every backend before it in the route (a boundary carries all their arithmetic)."""
@@ -175,12 +188,14 @@ class Replayer:
                           tuple(r.matmul_activations for r in recipes))
 
     def replay(self, tokens: Sequence[int], layers: Sequence[tuple[int, int]],
-               plan: Optional[ReplayPlan] = None) -> dict:
+               plan: Optional[ReplayPlan] = None, prompt: int = 0) -> dict:
         """{"rows": [boundary rows after each non-last range], "logits": [positions, n_vocab]};
-        `plan`: the job's (`plan`); None replays every range on the CPU with quantized activations."""
+        `plan`: the job's (`plan`); None replays every range on the CPU with quantized activations.
+        `prompt`: the positions the audited epoch prefilled (`prompt_length`), for a stepwise plan."""
         plan = plan or ReplayPlan.on_cpu(len(layers))
         try:
-            return boundaries.run_streamed(self._binary, self._model, tokens, layers, str(len(tokens)), self._threads,
+            return boundaries.run_streamed(self._binary, self._model, tokens, layers,
+                                           plan.batch(len(tokens), prompt), self._threads,
                                            plan.matmul_activations, self._runner, plan.devices)
         except boundaries.BoundariesError as err:
             raise AuditError(f"replay failed: {err}") from None
@@ -209,6 +224,16 @@ def session_tokens(hops: Sequence[HopCommitments]) -> list[int]:
     if first.input_tokens is None:
         raise AuditError(f"the first hop {first.node_id} committed to no input tokens")
     return [int(t) for t in first.input_tokens[:first.positions]]
+
+
+def prompt_length(hops: Sequence[HopCommitments]) -> int:
+    """The positions the audited epoch prefilled before its first sampled token: one past the
+    first position the last hop sampled from (0 when it sampled nothing)."""
+    sampled = hops[-1].sampled
+    if sampled is None:
+        return 0
+    at = np.flatnonzero(sampled.tokens >= 0)
+    return int(at[0]) + 1 if len(at) else 0
 
 
 def judge(hops: Sequence[HopCommitments], replay: dict, tol: cm.Tolerance | Sequence[cm.Tolerance], positions: int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meshnet.identity.keys import Identity
@@ -89,7 +90,9 @@ def test_a_verifier_replays_a_backend_only_with_its_own_calibration(tmp_path):
     for devices_flags, calibrations in ([["vulkan=vulkan0"], [str(cpu)]],  # no Vulkan calibration
                                         [[], [f"vulkan={cpu}"]],  # the CPU's calibration given as Vulkan's
                                         [[], [f"cpu={vulkan}"]],  # and the other way round
-                                        [["vulkan"], [str(cpu)]]):  # not BACKEND=DEVICE
+                                        [["vulkan"], [str(cpu)]],  # not BACKEND=DEVICE
+                                        [["vulkan=cuda0"], [str(cpu), f"vulkan={vulkan}"]],  # another's device
+                                        [["metal=metal0"], [str(cpu)]]):  # no such backend
         with pytest.raises(SystemExit) as exited:
             verifier.backends_from_flags(parser, devices_flags, calibrations)
         assert exited.value.code == 2
@@ -112,3 +115,18 @@ def test_jobs_of_another_artifact_or_recipe_are_refused_before_any_hop_is_asked(
         with pytest.raises(audit.WrongRecipe):  # not grpc's UNAVAILABLE from the hop at 127.0.0.1:1
             verifier.run_audit(job, (replayer, replayer), commitment.Tolerance(1.0, 1, 1.0, 1.0), 4, 0)
     assert replayer.plan(honest) == audit.ReplayPlan.on_cpu(1, "f32")  # the refusals changed nothing
+
+
+def test_a_replay_on_a_gpu_backend_computes_as_the_session_did():
+    """On a GPU a prefill of more than 8 rows takes other kernels than decode steps: a plan with a
+    GPU hop replays the audited epoch's prefill, then one position per step; a CPU plan, one prefill."""
+    mixed = audit.ReplayPlan(("cpu", "vulkan"), ("cpu", "vulkan0"), ("quantized", "quantized"))
+    assert mixed.stepwise and not audit.ReplayPlan.on_cpu(2).stepwise
+    assert mixed.batch(40, 12) == "12:1" and audit.ReplayPlan.on_cpu(2).batch(40, 12) == "40"
+    assert mixed.batch(40, 0) == "40"  # nothing sampled: all of it was prefilled
+    tokens = np.array([-1, -1, -1, 7, 9, 4], dtype=np.int32)
+    last = audit.HopCommitments("n", (2, 4), 6, None, None, None,
+                                commitment.TokenCommitment(tokens, np.zeros(6, np.float16)), 0.0,
+                                tt.SignedCommitments(b"", b""))
+    assert audit.prompt_length([last]) == 4  # position 3's logits gave the first sampled token
+    assert audit.prompt_length([dataclasses.replace(last, sampled=None)]) == 0

@@ -37,6 +37,7 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.tls import pinned_channel
 from meshnet.process import log, stop_on_signals, tracker_token
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
+from meshnet.recipe.recipe import compute_backend_of
 from meshnet.shard.v1 import shard_pb2
 from meshnet.verify import audit, commitment
 from meshnet.wire import tracker as tt
@@ -96,7 +97,8 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
     tokens = audit.session_tokens(fetched)
     layers = [h.layers for h in fetched]
     started = time.perf_counter()
-    replay = replayers[0].replay(tokens, layers, plan)
+    prompt = audit.prompt_length(fetched)
+    replay = replayers[0].replay(tokens, layers, plan, prompt)
     stats.audits += 1
     stats.replay_seconds += time.perf_counter() - started
     stats.replayed_tokens += len(tokens)
@@ -109,7 +111,7 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
         # clean while its downstream hop's tokens, computed from its output, are refuted. The
         # replay covers them all already; the second replay (another thread count) must agree.
         full = audit.judge(fetched, replay, tol, ALL_POSITIONS, np.random.default_rng(seed))
-        second = audit.judge(fetched, replayers[1].replay(tokens, layers, plan), tol, ALL_POSITIONS,
+        second = audit.judge(fetched, replayers[1].replay(tokens, layers, plan, prompt), tol, ALL_POSITIONS,
                              np.random.default_rng(seed))
         evidence.update(findings=findings_json(full), sampled_culprit=verdict.culprit,
                         confirmed=second.culprit == full.culprit)
@@ -144,6 +146,8 @@ def serve_audits(tracker: TrackerClient, replayers: tuple[audit.Replayer, audit.
             stop.wait(poll_seconds)
             continue
         if reply.status.code == StatusCode.NOT_FOUND or reply.job is None:
+            if reply.status.code != StatusCode.NOT_FOUND:  # refused (INVALID_ARGUMENT, RESOURCE_EXHAUSTED)
+                log("take_audit_refused", status=reply.status.code.name, message=reply.status.message)
             stop.wait(poll_seconds)
             continue
         job = reply.job
@@ -171,8 +175,12 @@ def backends_from_flags(parser: argparse.ArgumentParser, device_flags: list[str]
     devices = {"cpu": "cpu"}
     for flag in device_flags:
         backend, _, device = flag.partition("=")
-        if not backend or not device or backend == "cpu":
-            parser.error(f"--device {flag!r}: BACKEND=DEVICE, e.g. vulkan=vulkan0")
+        try:
+            of_device = compute_backend_of(device)
+        except ValueError as err:
+            parser.error(f"--device {flag!r}: BACKEND=DEVICE, e.g. vulkan=vulkan0 ({err})")
+        if backend != of_device or backend == "cpu":
+            parser.error(f"--device {flag!r}: BACKEND=DEVICE with DEVICE a device of BACKEND, e.g. vulkan=vulkan0")
         devices[backend] = device
     tolerances = {}
     for flag in calibration_flags:
