@@ -1,6 +1,7 @@
 #include "cpp/worker/first_hop.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 namespace meshnet::worker {
@@ -29,11 +30,19 @@ std::optional<protocol::SeamFrame> FirstHop::Draft(const protocol::SeamFrame& in
     max_tokens_ = in.sampling.has_value() ? in.sampling->max_tokens : 0;
     prompt_length_ = count;
     last_drafted_ = 0;
+    last_step_at_.reset();
   }
   if (drafts_.max() == 0) return std::nullopt;  // no speculation: no token history either
   history_.resize(std::min<uint64_t>(start, history_.size()));
   history_.insert(history_.end(), in.token_ids.begin(), in.token_ids.end());
   if (!in.ring || in.phase != Phase::kDecode || count != 1) return std::nullopt;
+  // The ring came round: the previous step (1 + its drafts rows) cost the time since it started.
+  const auto now = std::chrono::steady_clock::now();
+  if (last_step_at_.has_value() && start > last_start) {
+    drafts_.RecordStep(1 + last_drafted_,
+                       std::chrono::duration<double, std::micro>(now - *last_step_at_).count());
+  }
+  last_step_at_ = now;
   if (last_drafted_ > 0 && start > last_start) {
     drafts_.Record(last_drafted_, static_cast<uint32_t>(start - last_start - 1));
   }

@@ -6,6 +6,7 @@
 #ifndef MESHNET_CPP_WORKER_FIRST_HOP_H_
 #define MESHNET_CPP_WORKER_FIRST_HOP_H_
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -34,6 +35,7 @@ class FirstHop {
   std::vector<int32_t> history_;  // the tokens the KV holds (only while drafting)
   DraftBudget drafts_;
   uint32_t last_drafted_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> last_step_at_;  // the latest ring step's start
   uint64_t prompt_length_ = 0;
   uint64_t max_tokens_ = 0;  // drafts stop at the session's max_tokens
 };
