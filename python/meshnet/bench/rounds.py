@@ -8,7 +8,8 @@ a ratio between two lanes measured once carries that drift. Interleaved rounds p
 into each period of the drift; the median drops the period that was slow for one lane only.
 
 Invariant: a merged lane has the fields its rounds have, each figure the median of the rounds
-that measured it; counts of what went wrong (failures, errors) are summed or pooled, high-water
+that measured it (an integer figure, such as a count of steps, the lower of the two middle values
+when the rounds are even, so that it stays an integer); counts of what went wrong (failures, errors) are summed or pooled, high-water
 marks (peak RSS, queue depth) are maxima, and every round's cells stay in `round_cells`.
 """
 
@@ -42,8 +43,9 @@ def _merge_value(key: str, values: list[Any]) -> Any:
             return max(present)
         if key in MINIMUM:
             return min(present)
-        middle = statistics.median(present)
-        return type(present[0])(middle) if isinstance(present[0], int) and middle == int(middle) else middle
+        if all(isinstance(v, int) for v in present):  # a count stays a count: the lower middle round's
+            return statistics.median_low(present)
+        return statistics.median(present)
     if all(isinstance(v, dict) for v in present):
         return merge_records(present)
     if key == "errors":
