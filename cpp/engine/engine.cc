@@ -136,6 +136,7 @@ int Model::layer_start() const { return llama_model_layer_start(model_); }
 int Model::layer_end() const { return llama_model_layer_end(model_); }
 int Model::n_embd() const { return llama_model_n_embd(model_); }
 int Model::n_vocab() const { return llama_vocab_n_tokens(llama_model_get_vocab(model_)); }
+const llama_vocab* Model::vocab() const { return llama_model_get_vocab(model_); }
 
 size_t Model::weight_bytes() const {
   std::set<const ggml_tensor*> seen;

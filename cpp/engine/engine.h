@@ -28,6 +28,7 @@
 
 struct llama_context;
 struct llama_model;
+struct llama_vocab;
 
 namespace meshnet::engine {
 
@@ -71,6 +72,8 @@ class Model {
   std::vector<int32_t> Tokenize(const std::string& text, bool add_special) const;
 
   llama_model* raw() const { return model_; }
+  // The vocabulary: read-only, safe from any thread while the model lives (a sampler's grammar).
+  const llama_vocab* vocab() const;
 
  private:
   Model(llama_model* model, ggml_backend_dev_t device);

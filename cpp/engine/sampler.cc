@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "llama.h"
 
@@ -48,7 +49,99 @@ Sampler::Sampler(const protocol::SamplingParams& params) : params_(params) {
   llama_sampler_chain_add(chain_, llama_sampler_init_dist(static_cast<uint32_t>(params.seed)));
 }
 
-Sampler::~Sampler() { llama_sampler_free(chain_); }
+Sampler::~Sampler() {
+  llama_sampler_free(chain_);
+  if (grammar_ != nullptr) llama_sampler_free(grammar_);
+}
+
+std::unique_ptr<Sampler> Sampler::Make(const protocol::SamplingParams& params, const llama_vocab* vocab,
+                                       std::string* error) {
+  auto sampler = std::make_unique<Sampler>(params);
+  if (params.grammar.empty()) {
+    if (!params.grammar_tokens.empty()) {
+      *error = "grammar_tokens without a grammar";
+      return nullptr;
+    }
+    return sampler;
+  }
+  if (params.grammar.size() > kMaxGrammarBytes) {
+    *error = "grammar of " + std::to_string(params.grammar.size()) + " bytes; at most " +
+             std::to_string(kMaxGrammarBytes);
+    return nullptr;
+  }
+  if (vocab == nullptr) {
+    *error = "a grammar needs the model's vocabulary (this hop does not sample)";
+    return nullptr;
+  }
+  // llama.cpp's parser reports what it dislikes on its log and returns null.
+  sampler->grammar_ = llama_sampler_init_grammar(vocab, params.grammar.c_str(), "root");
+  if (sampler->grammar_ == nullptr) {
+    *error = "the grammar does not parse as GBNF with a 'root' rule (or is left-recursive)";
+    return nullptr;
+  }
+  const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+  for (uint32_t token : params.grammar_tokens) {
+    if (token >= static_cast<uint32_t>(n_vocab)) {
+      *error = "grammar token " + std::to_string(token) + " is outside the vocabulary";
+      return nullptr;
+    }
+    if (!sampler->Advance(token)) {
+      *error = "grammar_tokens: " + sampler->error_;
+      return nullptr;
+    }
+  }
+  return sampler;
+}
+
+bool Sampler::Allows(uint32_t token, float logit) const {
+  llama_token_data one{static_cast<llama_token>(token), logit, 0.0f};
+  llama_token_data_array single{&one, 1, -1, false};
+  llama_sampler_apply(grammar_, &single);
+  return std::isfinite(one.logit);
+}
+
+bool Sampler::Advance(uint32_t token) {
+  // llama.cpp aborts the process on an end-of-generation token the grammar does not allow, and
+  // throws on other tokens it does not: check first (a replay's tokens come from the network).
+  if (!Allows(token, 0.0f)) {
+    error_ = "token " + std::to_string(token) + " does not continue the grammar";
+    return false;
+  }
+  try {
+    llama_sampler_accept(grammar_, static_cast<llama_token>(token));
+    return true;
+  } catch (const std::exception& e) {
+    error_ = std::string("token ") + std::to_string(token) + " does not continue the grammar: " + e.what();
+    return false;
+  }
+}
+
+uint32_t Sampler::ChooseAllowed(const float* logits, size_t n_vocab) {
+  if (params_.temperature <= 0) {  // the first largest logit, if the grammar allows it
+    const uint32_t best = static_cast<uint32_t>(ArgMax(logits, n_vocab));
+    if (std::isfinite(logits[best]) && Allows(best, logits[best])) return best;
+  }
+  std::vector<llama_token_data> data(n_vocab);
+  for (size_t i = 0; i < n_vocab; ++i) data[i] = {static_cast<llama_token>(i), logits[i], 0.0f};
+  llama_token_data_array array{data.data(), data.size(), -1, false};
+  llama_sampler_apply(grammar_, &array);  // disallowed tokens: -inf
+  size_t allowed = 0;
+  for (size_t i = 0; i < array.size; ++i) allowed += std::isfinite(array.data[i].logit) ? 1 : 0;
+  if (allowed == 0) {
+    error_ = "the grammar allows no token here";
+    return kNoToken;
+  }
+  if (params_.temperature <= 0) {  // the first largest allowed logit (data is in id order)
+    size_t best = 0;
+    while (!std::isfinite(data[best].logit)) ++best;
+    for (size_t i = best + 1; i < n_vocab; ++i) {
+      if (std::isfinite(data[i].logit) && data[i].logit > data[best].logit) best = i;
+    }
+    return static_cast<uint32_t>(best);
+  }
+  llama_sampler_apply(chain_, &array);
+  return static_cast<uint32_t>(array.data[array.selected].id);
+}
 
 protocol::SampledToken Sampler::Sample(const std::vector<float>& logits, uint64_t position) {
   const uint32_t token = Choose(logits.data(), logits.size());
@@ -56,6 +149,18 @@ protocol::SampledToken Sampler::Sample(const std::vector<float>& logits, uint64_
 }
 
 uint32_t Sampler::Choose(const float* logits, size_t n_vocab) {
+  if (grammar_ != nullptr) {
+    if (!error_.empty()) return kNoToken;
+    const uint32_t token = ChooseAllowed(logits, n_vocab);
+    if (token == kNoToken) return kNoToken;
+    try {  // allowed by the grammar just now: accepting it cannot fail but for a bug in it
+      llama_sampler_accept(grammar_, static_cast<llama_token>(token));
+    } catch (const std::exception& e) {
+      error_ = std::string("the grammar refused the token it allowed: ") + e.what();
+      return kNoToken;
+    }
+    return token;
+  }
   if (params_.temperature <= 0) {
     return static_cast<uint32_t>(ArgMax(logits, n_vocab));
   }

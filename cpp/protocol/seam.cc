@@ -114,6 +114,8 @@ void ToProto(const SamplingParams& in, pb::SamplingParams* out) {
   out->set_max_tokens(in.max_tokens);
   out->mutable_stop_token_ids()->Add(in.stop_token_ids.begin(), in.stop_token_ids.end());
   out->set_top_logprobs(in.top_logprobs);
+  out->set_grammar(in.grammar);
+  out->mutable_grammar_tokens()->Add(in.grammar_tokens.begin(), in.grammar_tokens.end());
 }
 
 void ToProto(const TokenLogprob& in, pb::TokenLogprob* out) {
@@ -242,6 +244,8 @@ void FromProto(const pb::SamplingParams& in, SamplingParams* out) {
   out->max_tokens = in.max_tokens();
   out->stop_token_ids.assign(in.stop_token_ids().begin(), in.stop_token_ids().end());
   out->top_logprobs = in.top_logprobs();
+  out->grammar = in.grammar();
+  out->grammar_tokens.assign(in.grammar_tokens().begin(), in.grammar_tokens().end());
 }
 
 void FromProto(const pb::TokenLogprob& in, TokenLogprob* out) {

@@ -87,6 +87,8 @@ struct SamplingParams {
   uint32_t max_tokens = 0;
   std::vector<uint32_t> stop_token_ids;
   uint32_t top_logprobs = 0;
+  std::string grammar;                  // GBNF every sampled token continues; empty = unconstrained
+  std::vector<uint32_t> grammar_tokens;  // accepted in an earlier epoch (failover replay)
 };
 
 struct TokenLogprob {

@@ -33,6 +33,8 @@ SeamFrame FullSeamFrame() {
   sampling.max_tokens = 64;
   sampling.stop_token_ids = {2, 0};
   sampling.top_logprobs = 5;
+  sampling.grammar = "root ::= \"{\" [0-9]+ \"}\"";
+  sampling.grammar_tokens = {7, 0, 49151};
   frame.sampling = sampling;
   TensorFragment fragment;
   fragment.bundle_id = 9;
@@ -63,6 +65,8 @@ TEST(SeamTest, SeamFrameRoundTripsEveryField) {
   EXPECT_EQ(back.sampling->stop_token_ids, frame.sampling->stop_token_ids);
   EXPECT_EQ(back.sampling->temperature, 0.7f);
   EXPECT_TRUE(std::signbit(back.sampling->top_p));
+  EXPECT_EQ(back.sampling->grammar, frame.sampling->grammar);
+  EXPECT_EQ(back.sampling->grammar_tokens, frame.sampling->grammar_tokens);
   EXPECT_EQ(back.fragment->data, frame.fragment->data);
   EXPECT_TRUE(back.fragment->header.has_value());
   EXPECT_TRUE(back.fragment->header->tensors.empty());

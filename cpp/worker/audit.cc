@@ -77,6 +77,7 @@ grpc::Status ShardService::Commitments(grpc::ServerContext*, const pb::Commitmen
     body.set_sampled_tokens(LittleEndian(record.sampled_tokens));
     body.set_sampled_logits(LittleEndian(record.sampled_logits));
     body.set_temperature(record.temperature);
+    body.set_constrained(record.constrained);
   }
   std::string bytes;
   body.SerializeToString(&bytes);

@@ -82,7 +82,10 @@ std::optional<protocol::SeamReply> HopSession::Step(const SessionKey& key, Sessi
   Status input = Input(key, frame, &item, &complete);
   if (!input.ok()) return hop_.Reply(frame, input);
   if (!complete) return std::nullopt;  // more fragments of this step
-  if (last_.has_value()) last_->Configure(frame);
+  if (last_.has_value()) {
+    Status configured = last_->Configure(frame);
+    if (!configured.ok()) return hop_.Reply(frame, configured);
+  }
 
   const StepDeadline deadline(received, frame.budget_ms, hop_.options->max_step);
   const Status late = deadline.Exceeded(frame.step, hop_.options->node_id);
@@ -175,6 +178,10 @@ Status HopSession::Output(const SessionKey& key, const SessionInfo& info,
   if (last_.has_value()) {
     // The ring goes on before the tokens are described (logprobs) and published.
     Sampled sampled = last_->Accept(frame, out);
+    if (!sampled.status.ok()) {  // the grammar allowed no token: the step did not happen
+      hop_.scheduler->Truncate(info.seq, static_cast<int32_t>(start), info.owner);
+      return sampled.status;
+    }
     last_->Commit(key, out, &sampled);
     *sending = Clock::now();
     if (frame.ring && sampled.finish == protocol::FinishReason::kUnspecified) {

@@ -11,8 +11,19 @@ engine::Sampler& LastHop::sampler() {
   return *sampler_;
 }
 
-void LastHop::Configure(const protocol::SeamFrame& frame) {
-  if (frame.sampling.has_value()) sampler_ = std::make_unique<engine::Sampler>(*frame.sampling);
+protocol::Status LastHop::Configure(const protocol::SeamFrame& frame) {
+  if (!frame.sampling.has_value()) return protocol::OkStatus();
+  const size_t replayed = frame.sampling->grammar_tokens.size();
+  if (replayed > static_cast<size_t>(hop_.scheduler->n_ctx_per_session())) {
+    return protocol::InvalidArgumentError("sampling: " + std::to_string(replayed) +
+                                          " grammar tokens, more than a session's KV holds");
+  }
+  std::string error;
+  std::unique_ptr<engine::Sampler> made =
+      engine::Sampler::Make(*frame.sampling, hop_.scheduler->vocab(), &error);
+  if (made == nullptr) return protocol::InvalidArgumentError("sampling: " + error);
+  sampler_ = std::move(made);
+  return protocol::OkStatus();
 }
 
 Sampled LastHop::Accept(const protocol::SeamFrame& frame, const std::vector<float>& logits) {
@@ -28,6 +39,11 @@ Sampled LastHop::Accept(const protocol::SeamFrame& frame, const std::vector<floa
   for (size_t r = 0; r < rows && out.finish == protocol::FinishReason::kUnspecified; ++r) {
     const uint64_t position = end - rows + r + 1;  // row r's logits give the token after it
     const uint32_t token = chooser.Choose(logits.data() + r * n_vocab, n_vocab);
+    if (token == engine::kNoToken) {
+      out.status = protocol::InvalidArgumentError("constrained sampling at position " +
+                                                  std::to_string(position) + ": " + chooser.error());
+      break;
+    }
     out.tokens.push_back({token, position, r});
     ++generated_;
     if (std::count(stops.begin(), stops.end(), token)) {
@@ -38,19 +54,22 @@ Sampled LastHop::Accept(const protocol::SeamFrame& frame, const std::vector<floa
     }
     if (r < drafts.size() && drafts[r] != token) break;  // the next row's input was a bad draft
   }
-  if (!drafts.empty()) hop_.counters->accepted_drafts.fetch_add(out.tokens.size() - 1);
+  if (!drafts.empty() && !out.tokens.empty()) {
+    hop_.counters->accepted_drafts.fetch_add(out.tokens.size() - 1);
+  }
   return out;
 }
 
 void LastHop::Commit(const SessionKey& key, const std::vector<float>& logits, Sampled* sampled) {
   const size_t n_vocab = static_cast<size_t>(hop_.scheduler->n_vocab());
   const float temperature = sampler().params().temperature;
+  const bool constrained = sampler().constrained();
   for (Sampled::Token& token : sampled->tokens) {
     if (hop_.options->cheat != nullptr) token.id = hop_.options->cheat->Token(token.id, n_vocab);
     if (hop_.commitments != nullptr) {
       hop_.commitments->Sampled(key, static_cast<uint32_t>(token.position - 1),
                                 static_cast<int32_t>(token.id), logits[token.row * n_vocab + token.id],
-                                temperature);
+                                temperature, constrained);
     }
   }
 }

@@ -30,6 +30,8 @@ struct Sampled {
   std::vector<Token> tokens;
   // A stop token; in ring decode also max_tokens or the KV budget.
   protocol::FinishReason finish = protocol::FinishReason::kUnspecified;
+  // Not OK when the session's grammar allowed no token (tokens then end before that row).
+  protocol::Status status = protocol::OkStatus();
 };
 
 class LastHop {
@@ -39,8 +41,9 @@ class LastHop {
   LastHop(const HopContext& hop, std::optional<protocol::DownstreamHop> ring_hop)
       : hop_(hop), ring_hop_(std::move(ring_hop)) {}
 
-  // A frame's sampling parameters replace the session's sampler (greedy until one came).
-  void Configure(const protocol::SeamFrame& frame);
+  // A frame's sampling parameters replace the session's sampler (greedy until one came);
+  // INVALID_ARGUMENT when its grammar cannot be used (sampler.h).
+  protocol::Status Configure(const protocol::SeamFrame& frame);
   // The tokens `logits` (a row per drafted token plus one) give for the step `frame`.
   Sampled Accept(const protocol::SeamFrame& frame, const std::vector<float>& logits);
   // Commits to each sampled token and its logit (after a test-only cheat, if set).

@@ -32,20 +32,20 @@ def swarm(gguf, tmp_path_factory):
         yield swarm
 
 
-def generate(swarm, tokenizer, prompt: str):
+def generate(swarm, tokenizer, prompt: str, grammar: str = ""):
     """Greedy tokens and the route (session, hops) they came from."""
     with swarm.client() as tracker:
         session = RouteClient(tracker, swarm.model)
         route = {}
         tokens = []
-        for token in session.generate(tokenizer.encode(prompt), GenerationParams(max_tokens=TOKENS)):
+        for token in session.generate(tokenizer.encode(prompt), GenerationParams(max_tokens=TOKENS, grammar=grammar)):
             if not route:
                 route = {"session": session._connection.route, "hops": session._connection.hops}
             tokens.append(token)
     return tokens, route
 
 
-def audit_route(swarm, route, replayers, tolerance, positions=16, seed=0) -> audit.Verdict:
+def fetch_route(swarm, route) -> list[audit.HopCommitments]:
     tracker_key = Identity.load_or_create(swarm.tracker.ticket_key)
     fetched = []
     for hop in route["hops"]:
@@ -53,6 +53,11 @@ def audit_route(swarm, route, replayers, tolerance, positions=16, seed=0) -> aud
                                     hop.node.node_id)
         with pinned_channel(hop.node.address, hop.node.tls_certificate.encode()) as channel:
             fetched.append(audit.fetch(channel, ticket, hop.node.public_key))
+    return fetched
+
+
+def audit_route(swarm, route, replayers, tolerance, positions=16, seed=0) -> audit.Verdict:
+    fetched = fetch_route(swarm, route)
     replay = replayers[0].replay(audit.session_tokens(fetched), [h.layers for h in fetched])
     return audit.judge(fetched, replay, tolerance, positions, np.random.default_rng(seed))
 
@@ -65,6 +70,23 @@ def test_honest_sessions_pass_every_checked_position(swarm, tokenizer, replayers
         assert verdict.passed, verdict.findings
         checked += verdict.checked_positions
     assert checked >= 300
+
+
+def test_a_session_sampled_under_a_grammar_passes_its_audit(swarm, tokenizer, replayers, tolerance):
+    """Issue 33: greedy under a grammar takes the largest logit the grammar allows, often not the
+    row's. The last hop commits that it sampled under a grammar, and the audit checks those
+    tokens' logits, not their rank: the honest session passes."""
+    grammar = 'root ::= "{\\"city\\": \\"" [a-z]{1,12} "\\", \\"stars\\": " [1-5] "}"'
+    _, route = generate(swarm, tokenizer, PROMPTS[0], grammar)
+    fetched = fetch_route(swarm, route)
+    assert fetched[-1].constrained and not any(hop.constrained for hop in fetched[:-1])
+    replay = replayers[0].replay(audit.session_tokens(fetched), [h.layers for h in fetched])
+    verdict = audit.judge(fetched, replay, tolerance, TOKENS, np.random.default_rng(0))
+    assert verdict.passed, verdict.findings
+    sampled = fetched[-1].sampled.tokens
+    rows = np.flatnonzero(sampled >= 0)
+    off_argmax = int(np.sum(replay["logits"][rows].argmax(axis=1) != sampled[rows]))
+    assert off_argmax > 0  # the grammar changed greedy's choice: a rank check would have refuted it
 
 
 def test_commitments_need_the_tracker_s_ticket_for_that_node(swarm, tokenizer):

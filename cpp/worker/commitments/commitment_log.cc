@@ -76,12 +76,14 @@ void CommitmentLog::Rows(const Key& key, uint32_t start, const float* rows, uint
   std::copy(values.begin(), values.end(), to_values.begin() + size_t{start} * kCommitmentK);
 }
 
-void CommitmentLog::Sampled(const Key& key, uint32_t position, int32_t token, float logit, float temperature) {
+void CommitmentLog::Sampled(const Key& key, uint32_t position, int32_t token, float logit, float temperature,
+                            bool constrained) {
   std::lock_guard<std::mutex> lock(mu_);
   CommitmentRecord& record = Grow(key, position + 1);
   record.sampled_tokens[position] = token;
   record.sampled_logits[position] = ggml_fp32_to_fp16(logit);
   record.temperature = temperature;
+  record.constrained = constrained;
 }
 
 bool CommitmentLog::Read(const Key& key, uint32_t start, uint32_t count, CommitmentRecord* out, uint32_t* got) {
@@ -104,6 +106,7 @@ bool CommitmentLog::Read(const Key& key, uint32_t start, uint32_t count, Commitm
   slice(record.sampled_tokens, out->sampled_tokens, 1);
   slice(record.sampled_logits, out->sampled_logits, 1);
   out->temperature = record.temperature;
+  out->constrained = record.constrained;
   *got = n;
   return true;
 }

@@ -38,6 +38,7 @@ struct CommitmentRecord {
   std::vector<int32_t> sampled_tokens;   // last hop; -1 where none was sampled
   std::vector<uint16_t> sampled_logits;  // float16 bits
   float temperature = 0.0f;
+  bool constrained = false;  // sampled under a grammar
   size_t positions() const { return sampled_tokens.size(); }
 };
 
@@ -55,7 +56,8 @@ class CommitmentLog {
   void InputTokens(const Key& key, uint32_t start, const std::vector<int32_t>& tokens);
   // `count` rows of `n_embd` floats for positions start.. (input: received; else sent).
   void Rows(const Key& key, uint32_t start, const float* rows, uint32_t count, int n_embd, bool input);
-  void Sampled(const Key& key, uint32_t position, int32_t token, float logit, float temperature);
+  void Sampled(const Key& key, uint32_t position, int32_t token, float logit, float temperature,
+               bool constrained = false);
   // Positions [start, start + count) of `key` (fewer when it holds fewer); false when the
   // session is not held (never seen, or dropped).
   bool Read(const Key& key, uint32_t start, uint32_t count, CommitmentRecord* out, uint32_t* got);

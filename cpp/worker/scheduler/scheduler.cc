@@ -181,6 +181,7 @@ void Scheduler::Run(std::string* error, std::promise<bool>* opened) {
   }
   n_embd_ = model->n_embd();
   n_vocab_ = model->n_vocab();
+  if (model->owns_output()) vocab_ = model->vocab();
   n_layer_ = model->n_layer();
   layer_start_ = model->layer_start();
   layer_end_ = model->layer_end();

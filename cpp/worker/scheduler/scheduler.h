@@ -166,6 +166,9 @@ class Scheduler {
   // Model facts, fixed after Start.
   int n_embd() const { return n_embd_; }
   int n_vocab() const { return n_vocab_; }
+  // The model's vocabulary (a grammar's tokens, engine/sampler.h); read-only, any thread, until
+  // the engine thread ends (Stop). nullptr on a shard that does not hold the output.
+  const llama_vocab* vocab() const { return vocab_; }
   int n_layer() const { return n_layer_; }
   int layer_start() const { return layer_start_; }
   int layer_end() const { return layer_end_; }
@@ -221,6 +224,7 @@ class Scheduler {
 
   SchedulerOptions options_;
   int n_embd_ = 0, n_vocab_ = 0, n_layer_ = 0, layer_start_ = 0, layer_end_ = 0;
+  const llama_vocab* vocab_ = nullptr;  // fixed after Start
   ggml_backend_dev_t device_ = nullptr;  // fixed after Start
   size_t device_bytes_ = 0;
 

@@ -24,6 +24,7 @@ from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
 from meshnet.bench.rounds import merge_rounds
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.bench.schema import Lane
+from meshnet.gateway.json_grammar import json_object_grammar
 from meshnet.process import child_env
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 from meshnet.swarm.local import even_cuts
@@ -62,7 +63,7 @@ LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_r
          "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
          "reference_route_3_nodes", "gguf_route_3_nodes_wan",
          *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
-         "gguf_ring_3_nodes_spec", "gateway_3_nodes", *AUDIT_LANES, "gguf_ring_3_nodes_optimized_kernels",
+         "gguf_ring_3_nodes_spec", "gguf_ring_3_nodes_json", "gateway_3_nodes", *AUDIT_LANES, "gguf_ring_3_nodes_optimized_kernels",
          "gguf_ring_1_node_optimized_kernels", "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES, *BIG_MODEL_LANES, *VULKAN_LANES)
 # Run by default: every lane but the Vulkan ones, which need a worker linked with Vulkan and, on
 # Mesa's lavapipe, take minutes for what the CPU lanes do in seconds (named with --lanes).
@@ -96,6 +97,8 @@ LABELS = {
        for d in WAN_DELAYS_MS},
     "wan_10ms_gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode, 10 ms one-way per link (delay proxy)",
     "gguf_ring_3_nodes_spec": "GGUF route, {k} nodes, ring decode with speculation (prompt lookup), ordinary prompts",
+    "gguf_ring_3_nodes_json": "GGUF route, {k} nodes, ring decode sampled under a JSON-object grammar on the last "
+                              "hop (issue 33): against gguf_ring_3_nodes, the last hop's sampling time per token",
     **{f"wan_{d}ms_gguf_ring_3_nodes_copy": f"GGUF route, {{k}} nodes, ring decode, copy-heavy prompts, {d} ms one-way "
        "per link" for d in WAN_DELAYS_MS},
     **{f"wan_{d}ms_gguf_ring_3_nodes_spec_copy": f"GGUF route, {{k}} nodes, ring decode with speculation, copy-heavy "
@@ -401,6 +404,8 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
                                                                                        reference_kernels=False)),
         "gguf_ring_3_nodes_f32_matmul": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                             options=RouteOptions(ring=True, matmul_activations="f32")),
+        "gguf_ring_3_nodes_json": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
+                                                      options=RouteOptions(ring=True, grammar=json_object_grammar())),
         "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
                                                       options=RouteOptions(ring=True, speculate=SPECULATE)),
         "gguf_ring_3_nodes_unaudited": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,

@@ -51,6 +51,7 @@ class RouteOptions:
     reference_kernels: bool = True  # False: upstream's CPU kernels, F16 flash attention (ADR 0009, 0010)
     matmul_activations: Optional[str] = None  # the recipe's (ADR 0012); None: the backend's default
     device: str = "cpu"  # where every node computes (ADR 0014): vulkan0 needs a worker linked with Vulkan
+    grammar: str = ""  # constrained sampling on the last hop (issue 33): GBNF every token continues
     # The verifier role running during the lane on this machine: (dump_boundaries binary, calibration.json).
     verifier: Optional[tuple[Path, Path]] = None
 
@@ -99,7 +100,7 @@ def _stream(tracker: TrackerClient, ids: list[int], tokens: int, go: threading.E
     go.wait()
     try:
         for token in session.generate(ids, GenerationParams(max_tokens=tokens, ring=options.ring,
-                                                            speculate=options.speculate)):
+                                                            speculate=options.speculate, grammar=options.grammar)):
             times.append(time.perf_counter())
             out.append(token)
             if on_first is not None and len(out) == 1:

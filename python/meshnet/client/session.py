@@ -88,6 +88,7 @@ class GenerationParams:
     top_logprobs: int = 0  # alternatives the last hop returns per token (stream() yields them)
     ring: bool = True  # ring decode where every hop supports it; False: the client drives each token
     speculate: int = 0  # ring decode only: the most tokens the first hop drafts per step (prompt lookup; 0 = off)
+    grammar: str = ""  # GBNF every sampled token must continue (constrained sampling on the last hop; "" = off)
 
 
 class _Connection:
@@ -266,7 +267,8 @@ class RouteClient:
             self._renew_at = time.monotonic() + self._lease_seconds / 3 if reply.lease_ms else float("inf")
             conn = self._connection = _Connection(reply, self._tracker, self._insecure)
             try:
-                for token in self._run(conn, list(prompt_ids) + delivered, params, params.max_tokens - len(delivered)):
+                for token in self._run(conn, list(prompt_ids) + delivered, params, params.max_tokens - len(delivered),
+                                       tuple(delivered)):
                     if self.ttft is None:
                         self.ttft = time.perf_counter() - started
                     delivered.append(token.token_id)
@@ -296,11 +298,13 @@ class RouteClient:
                 self._connection = None
 
     def _run(self, conn: _Connection, ids: list[int], params: GenerationParams,
-             budget: int) -> Iterator[t.SampledToken]:
+             budget: int, delivered: tuple[int, ...]) -> Iterator[t.SampledToken]:
         ring = params.ring and tt.ring_decode_capable([h.node for h in conn.hops])
         # In ring decode the last hop counts the tokens, so it is told the budget.
+        # A grammar is fed the tokens delivered before a failover, so that it goes on where it was.
         sampling = t.SamplingParams(params.temperature, params.top_k, params.top_p, params.seed,
-                                    budget if ring else 0, tuple(params.stop_token_ids), params.top_logprobs)
+                                    budget if ring else 0, tuple(params.stop_token_ids), params.top_logprobs,
+                                    params.grammar, delivered if params.grammar else ())
 
         def hop_entry(h: tt.Hop) -> t.DownstreamHop:
             return t.DownstreamHop(h.node.node_id, h.node.address,

@@ -18,7 +18,8 @@ the moment its body is read, cancels its route (CANCEL along the chain: every ho
 Prompts are built here: the GGUF's chat template (jinja2), and the GGUF's tokenizer, with no
 torch in the process. A chat with active tools (issue 33) has a tool_use.ToolPlan: its prompt
 renders the tools, its text keeps the family's marker tokens, and its answer's tool calls are
-parsed (whole, or streamed as tool-call deltas); without one, nothing here changes.
+parsed (whole, or streamed as tool-call deltas); without one, nothing here changes. Forced tool
+calls and JSON response formats are sampled under a grammar (constrained.py) on the last hop.
 Size: about 500 lines, because the two generation endpoints are one contract (the same checks in
 the same order) and read best together; request models are in schema.py, the generation in
 generation.py.
@@ -42,7 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from meshnet.client.session import GenerationParams, MeshnetError
 from meshnet.client.text import IncrementalText
-from meshnet.gateway import prompts, schema, tool_use
+from meshnet.gateway import constrained, prompts, schema, tool_use
 from meshnet.gateway.errors import ApiError, bad_request, from_status
 from meshnet.gateway.keys import ApiKey, KeyRing
 from meshnet.gateway.metrics import GatewayMetrics
@@ -327,22 +328,25 @@ async def _generate(gateway: Gateway, request: Request, body_type: type, kind: s
         build = functools.partial(prompt_of, plan=plan) if plan is not None else prompt_of
         async with gateway.prompt_builders:
             prompt_ids = await asyncio.to_thread(build, served, body)
+            grammar = await asyncio.to_thread(constrained.grammar_for, body, plan) if kind == "chat" else ""
         decode = tool_use.decoder(served.tokenizer, plan.family) if plan is not None else None
-        run = _Generation(gateway, served, key, prompt_ids, _params(body, served, alternatives, gateway.config),
-                          body.stop_strings(), slot, decode)
+        run = _Generation(gateway, served, key, prompt_ids,
+                          _params(body, served, alternatives, gateway.config, grammar), body.stop_strings(), slot,
+                          decode)
     except BaseException:
         slot.__exit__(None, None, None)
         raise
     return await _respond(request, run, body, kind, alternatives, plan)
 
 
-def _params(body, served: ServedModel, alternatives: Optional[int], config: GatewayConfig) -> GenerationParams:
+def _params(body, served: ServedModel, alternatives: Optional[int], config: GatewayConfig,
+            grammar: str = "") -> GenerationParams:
     seed = body.seed if body.seed is not None else secrets.randbits(63)
     top_p = body.top_p if body.top_p < 1.0 else 0.0  # 1 keeps every token: no nucleus cut
     return GenerationParams(max_tokens=body.budget(config.default_max_tokens), temperature=body.temperature,
                             top_p=top_p, seed=seed, stop_token_ids=tuple(served.tokenizer.stop_token_ids),
                             first_token_timeout=config.first_token_timeout, stall_timeout=config.stall_timeout,
-                            top_logprobs=alternatives or 0)
+                            top_logprobs=alternatives or 0, grammar=grammar)
 
 
 # ---- responses -------------------------------------------------------------------------------

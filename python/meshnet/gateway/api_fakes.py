@@ -106,12 +106,14 @@ class FakeSwarmBackend:
 
     def __init__(self) -> None:
         self.started: list[tuple[str, str, list[int]]] = []
+        self.params: list = []  # each generation's GenerationParams, in order
         self.streams: list[FakeStream] = []
         self.reply, self.gap = b"Hello, world!", 0.0
         self.scripted: list[Union[bytes, list[int]]] = []  # outputs of the next generations, in order
 
     def start(self, model, client_id, prompt_ids, params):
         self.started.append((model, client_id, list(prompt_ids)))
+        self.params.append(params)
         reply = self.scripted.pop(0) if self.scripted else self.reply
         stream = FakeStream(reply, params.max_tokens, self.FAILURES.get(model), self.gap)
         self.streams.append(stream)

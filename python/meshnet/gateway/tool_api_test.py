@@ -258,7 +258,8 @@ def call_msg(name: str = "get_weather") -> dict:
 
 
 TOOLS = {"model": "fake", "messages": ASK, "tools": [WEATHER]}
-NOT_YET = "needs constrained sampling, which this gateway does not have yet"
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
 # (what, body, param, message); each refused 400 before a route is asked for
 REFUSALS = [
     ("too many tools", {**TOOLS, "tools": [tool(f"f{i}") for i in range(MAX_TOOLS + 1)]}, "tools",
@@ -283,27 +284,44 @@ REFUSALS = [
     ("huge parameters", {**TOOLS, "tools": [tool(parameters={"type": "object",
                                                              "description": "x" * MAX_SCHEMA_BYTES})]},
      "tools", "tools[0].function.parameters is over 65536 bytes as JSON"),
-    ("strict", {**TOOLS, "tools": [tool(parameters=nested(1), strict=True)]}, "tools",
-     f"tools[0].function.strict: true {NOT_YET}; omit it or set it to false"),
+    ("strict under auto", {**TOOLS, "tools": [tool(parameters=nested(1), strict=True)]}, "tools",
+     'tools[0].function.strict: true is enforced with tool_choice "required" or a named function; with "auto" the '
+     "model may answer in text and its arguments are not constrained, so set tool_choice or leave strict out"),
+    ("parameters the converter cannot honour, forced", {**TOOLS, "tool_choice": "required", "tools": [tool(parameters={
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z]"}}})]}, "tools",
+     "tools: function 'get_weather' parameters: schema part #/properties/city: keyword 'pattern' is not supported"),
     ("tool_choice without tools", {"model": "fake", "messages": ASK, "tool_choice": "auto"}, "tool_choice",
      "tool_choice is only allowed when tools are given"),
     ("tool_choice unknown", {**TOOLS, "tool_choice": "sometimes"}, "tool_choice",
      'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'),
     ("tool_choice not offered", {**TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice", "tool_choice names function 'nope', which is not in tools"),
-    ("tool_choice required (not yet)", {**TOOLS, "tool_choice": "required"}, "tool_choice",
-     f'tool_choice "required" {NOT_YET}; use "auto" or "none"'),
-    ("tool_choice named (not yet)", {**TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "tool_choice", f'tool_choice naming a function {NOT_YET}; use "auto" or "none"'),
     ("parallel_tool_calls not a boolean", {**TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls",
      "parallel_tool_calls must be true or false"),
-    ("response_format json_object (not yet)", {**TOOLS, "response_format": {"type": "json_object"}},
-     "response_format", f'response_format {{"type": "json_object"}} {NOT_YET}; only {{"type": "text"}} is accepted'),
-    ("response_format json_schema (not yet)", {**TOOLS, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object"}}}}, "response_format",
-     f'response_format {{"type": "json_schema"}} {NOT_YET}; only {{"type": "text"}} is accepted'),
+    ("response_format json_object with tool_choice auto", {**TOOLS, "response_format": {"type": "json_object"}},
+     "response_format", 'response_format {"type": "json_object"} with tool_choice "auto" is not served: the answer '
+     'would be either tool calls or that JSON; use tool_choice "required", a named function or "none"'),
+    ("response_format json_schema with tool_choice auto", {**TOOLS, "response_format": JSON_SCHEMA},
+     "response_format", 'response_format {"type": "json_schema"} with tool_choice "auto" is not served: the answer '
+     'would be either tool calls or that JSON; use tool_choice "required", a named function or "none"'),
     ("response_format other", {**TOOLS, "response_format": {"type": "xml"}}, "response_format",
-     'response_format must be {"type": "text"} (json_object and json_schema are not served yet)'),
+     'response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+     '{...}}'),
+    ("json_schema without a name", {**TOOLS, "response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"type": "object"}}}}, "response_format",
+     "response_format.json_schema.name must match ^[a-zA-Z0-9_-]{1,64}$"),
+    ("json_schema not an object", {**TOOLS, "response_format": {"type": "json_schema"}}, "response_format",
+     "response_format.json_schema must be an object with a name and a schema"),
+    ("json_schema schema not an object", {**TOOLS, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": ["type"]}}}, "response_format",
+     "response_format.json_schema.schema must be a JSON object (a JSON schema)"),
+    ("json_schema too deep", {**TOOLS, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": nested(MAX_SCHEMA_DEPTH + 1)}}}, "response_format",
+     "response_format.json_schema.schema nests deeper than 16 levels"),
+    ("json_schema the converter cannot honour", {"model": "fake", "messages": ASK, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 3}}}}}}, "response_format",
+     "response_format.json_schema.schema: schema part #/properties/n: keyword 'minimum' is not supported"),
     ("functions", {"model": "fake", "messages": ASK, "functions": [WEATHER["function"]]}, "functions",
      "functions is not supported by this gateway"),
     ("function_call", {"model": "fake", "messages": ASK, "function_call": "auto"}, "function_call",
@@ -363,6 +381,10 @@ ACCEPTED = [  # at the bounds, and the forms that are served
     ("parameters omitted", {"tools": [tool()]}),
     ("strict false", {"tools": [tool(parameters=nested(1), strict=False)]}),
     ("tool_choice auto", {"tool_choice": "auto"}),
+    ("tool_choice required", {"tool_choice": "required"}),
+    ("tool_choice named", {"tool_choice": NAMED}),
+    ("strict, forced", {"tool_choice": NAMED, "tools": [{**WEATHER, "function": {**WEATHER["function"],
+                                                                                 "strict": True}}]}),
     ("response_format text", {"response_format": {"type": "text"}}),
     ("developer message", {"messages": [{"role": "developer", "content": "Be brief."}, *ASK]}),
 ]
@@ -376,7 +398,29 @@ def test_accepted_at_the_bounds(backend, served, what, extra):
     choice = json.loads(data)["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    forced = extra.get("tool_choice", "auto") != "auto"
+    grammar = backend.params[-1].grammar
+    assert bool(grammar) == forced  # forced calls are sampled under the calls' grammar
+    if forced:
+        assert grammar.startswith("root ::=") and '"\\"tool_calls\\""' in grammar, grammar[:200]
     prompt = prompt_of(backend)
     assert prompt.startswith("<system>You can call tools.") and prompt.count("<system>") == 1
     if what == "developer message":
         assert prompt.endswith("as plain text.\n\nBe brief.\n<user>Weather in Paris?\n<assistant>")
+
+
+@pytest.mark.parametrize("response_format,tools", [
+    ({"type": "json_object"}, None), (JSON_SCHEMA, None), (JSON_SCHEMA, {"tools": [WEATHER], "tool_choice": "none"})],
+    ids=["json_object", "json_schema", "json_schema beside tool_choice none"])
+def test_json_response_formats_are_sampled_under_a_grammar(backend, served, response_format, tools):
+    """The JSON goes back as the content; the grammar went with the generation's parameters."""
+    backend.scripted.append(b'{"a": 1}')
+    body = {"model": "fake", "messages": ASK, "response_format": response_format, **(tools or {})}
+    status, _, data = request(served[1], "POST", "/v1/chat/completions", body, key=None)
+    assert status == 200, data
+    assert json.loads(data)["choices"][0]["message"]["content"] == '{"a": 1}'
+    grammar = backend.params[-1].grammar
+    assert grammar.startswith("root ::=") and "ws" in grammar, grammar[:200]
+    backend.scripted.append(b"plain")
+    status, _, data = request(served[1], "POST", "/v1/chat/completions", {"model": "fake", "messages": ASK}, key=None)
+    assert status == 200 and backend.params[-1].grammar == ""

@@ -8,10 +8,11 @@ most MAX_DESCRIPTION_CHARS; `parameters` is a JSON object nested at most MAX_SCH
 (measured iteratively, before anything recursive touches it) and at most MAX_SCHEMA_BYTES as
 compact UTF-8 JSON.
 
-Honesty: what needs constrained sampling on the last hop (a later piece) is refused, not
-pretended: `tool_choice` "required" or naming a function, `strict: true` functions, and
-`response_format` json_object/json_schema. `{"type": "text"}` is accepted (it is what the gateway
-does anyway).
+Constrained sampling (constrained.py) enforces `tool_choice` "required" or a named function
+(calls only, arguments valid against the parameters), and `response_format` json_object and
+json_schema. `strict: true` functions are accepted where calls are enforced ("required", named);
+under "auto" the model may answer in text, where nothing enforces the arguments, so strict is
+refused there rather than pretended.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ MAX_SCHEMA_DEPTH = 16  # the parameters object itself is depth 1
 MAX_SCHEMA_BYTES = 64 << 10
 MAX_DESCRIPTION_CHARS = 8 << 10
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's, matched whole
-NOT_YET = "needs constrained sampling, which this gateway does not have yet"
 CHOICES = ("none", "auto", "required")
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI: no parameters is an empty list
 
@@ -38,11 +38,18 @@ class ToolRequest:
     """A request's checked tools. `tools`: the {"type": "function", "function": {name,
     description?, parameters}} objects a chat template gets (as transformers passes them), in the
     request's order, parameters filled in as an empty object schema when omitted. `choice` is
-    "auto" or "none" (nothing else is served yet); `parallel`: several calls per answer."""
+    "auto", "none", "required" or "named" (`named` is then the function's name); `parallel`:
+    several calls per answer."""
 
     tools: tuple[dict, ...]
     choice: str
     parallel: bool
+    named: Optional[str] = None
+
+    @property
+    def forced(self) -> bool:
+        """Whether the answer must be tool calls (constrained sampling enforces them)."""
+        return self.choice in ("required", "named")
 
     @property
     def names(self) -> frozenset[str]:
@@ -70,22 +77,47 @@ def checked(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> Optional[
         raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
     offered = _checked_tools(tools)
     names = [tool["function"]["name"] for tool in offered]
-    choice = "auto" if tool_choice is None else _checked_choice(tool_choice, names)
-    return ToolRequest(offered, choice, parallel_tool_calls is not False)
+    choice, named = ("auto", None) if tool_choice is None else _checked_choice(tool_choice, names)
+    request = ToolRequest(tuple({"type": "function", "function": {k: v for k, v in tool["function"].items()
+                                                                  if k != "strict"}} for tool in offered),
+                          choice, parallel_tool_calls is not False, named)
+    strict = [n for n, tool in enumerate(offered) if tool["function"].get("strict")]
+    if strict and choice == "auto":
+        raise bad_request(f'tools[{strict[0]}].function.strict: true is enforced with tool_choice "required" or a '
+                          'named function; with "auto" the model may answer in text and its arguments are not '
+                          "constrained, so set tool_choice or leave strict out", "tools")
+    return request
 
 
 def check_response_format(value: Any) -> None:
-    """Only {"type": "text"} (or none): JSON output needs constrained sampling."""
+    """{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name",
+    "schema"?, "strict"?, "description"?}}, the schema a JSON object within the tools' bounds; a
+    400 naming the field otherwise. The schema is converted later (constrained.py)."""
     if value is None:
         return
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
+    if kind in ("text", "json_object"):
         return
-    if kind in ("json_object", "json_schema"):
-        raise bad_request(f'response_format {{"type": "{kind}"}} {NOT_YET}; only {{"type": "text"}} is accepted',
+    if kind != "json_schema":
+        raise bad_request('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": '
+                          '"json_schema", "json_schema": {...}}', "response_format")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad_request("response_format.json_schema must be an object with a name and a schema", "response_format")
+    name = spec.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise bad_request("response_format.json_schema.name must match ^[a-zA-Z0-9_-]{1,64}$", "response_format")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise bad_request("response_format.json_schema.strict must be true or false", "response_format")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise bad_request("response_format.json_schema.schema must be a JSON object (a JSON schema)", "response_format")
+    if depth_exceeds(schema, MAX_SCHEMA_DEPTH):
+        raise bad_request(f"response_format.json_schema.schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
                           "response_format")
-    raise bad_request('response_format must be {"type": "text"} (json_object and json_schema are not served yet)',
-                      "response_format")
+    if len(json.dumps(schema, ensure_ascii=False, separators=(",", ":")).encode()) > MAX_SCHEMA_BYTES:
+        raise bad_request(f"response_format.json_schema.schema is over {MAX_SCHEMA_BYTES} bytes as JSON",
+                          "response_format")
 
 
 def check_messages(messages: Sequence[Any]) -> None:
@@ -190,15 +222,13 @@ def _checked_function(function: dict, where: str) -> dict:
     if strict is not None and not isinstance(strict, bool):
         raise bad_request(f"{where}.function.strict must be true or false", "tools")
     if strict:
-        raise bad_request(f"{where}.function.strict: true {NOT_YET}; omit it or set it to false", "tools")
+        out["strict"] = True  # taken out of what templates see by checked()
     return out
 
 
-def _checked_choice(tool_choice: Any, names: list[str]) -> str:
+def _checked_choice(tool_choice: Any, names: list[str]) -> tuple[str, Optional[str]]:
     if isinstance(tool_choice, str) and tool_choice in CHOICES:
-        if tool_choice == "required":
-            raise bad_request(f'tool_choice "required" {NOT_YET}; use "auto" or "none"', "tool_choice")
-        return tool_choice
+        return tool_choice, None
     name = None
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         function = tool_choice.get("function")
@@ -208,7 +238,7 @@ def _checked_choice(tool_choice: Any, names: list[str]) -> str:
                           '{"name": ...}}', "tool_choice")
     if name not in names:
         raise bad_request(f"tool_choice names function {_short(name)}, which is not in tools", "tool_choice")
-    raise bad_request(f'tool_choice naming a function {NOT_YET}; use "auto" or "none"', "tool_choice")
+    return "named", name
 
 
 def _short(text: str) -> str:

@@ -117,13 +117,16 @@ def _fragment_out(v: t.TensorFragment, m: pb.TensorFragment) -> None:
 
 
 def _sampling_in(m: pb.SamplingParams) -> t.SamplingParams:
-    return t.SamplingParams(m.temperature, m.top_k, m.top_p, m.seed, m.max_tokens, tuple(m.stop_token_ids), m.top_logprobs)
+    return t.SamplingParams(m.temperature, m.top_k, m.top_p, m.seed, m.max_tokens, tuple(m.stop_token_ids),
+                            m.top_logprobs, m.grammar, tuple(m.grammar_tokens))
 
 
 def _sampling_out(v: t.SamplingParams, m: pb.SamplingParams) -> None:
     m.temperature, m.top_k, m.top_p, m.seed, m.max_tokens = v.temperature, v.top_k, v.top_p, v.seed, v.max_tokens
     m.stop_token_ids.extend(v.stop_token_ids)
     m.top_logprobs = v.top_logprobs
+    m.grammar = v.grammar
+    m.grammar_tokens.extend(v.grammar_tokens)
 
 
 def _token_in(m: pb.SampledToken) -> t.SampledToken:

@@ -23,7 +23,7 @@ def _fragment():
 
 MESSAGES = [
     t.SeamFrame(V1, SESSION, t.Phase.PREFILL, 1, "w-1", t.Fingerprints("sha256:aa", "sha256:bb"), t.ShardRange(0, 10, 0),
-                t.TokenSpan(0, 2), (1, 2), t.CacheState(0), 2500, t.SamplingParams(0.75, 40, 0.875, 42, 64, (2,), 3), _fragment(),
+                t.TokenSpan(0, 2), (1, 2), t.CacheState(0), 2500, t.SamplingParams(0.75, 40, 0.875, 42, 64, (2,), 3, 'root ::= "{" [0-9]+ "}"', (7, 0, 49151)), _fragment(),
                 (t.DownstreamHop("node-b", "127.0.0.1:7002", t.ShardRange(10, 20, 12)), t.DownstreamHop("node-c", "h:1", None))),
     t.SeamFrame(V1, SESSION, t.Phase.RELEASE, 9),
     t.SeamFrame(V1, SESSION, t.Phase.DECODE, 2, expected_cache=t.CacheState(0)),  # present but empty

@@ -293,6 +293,9 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
         if not self.engine.shard.last and live.downstream is None and not frame.downstream:
             raise invalid("not the last hop, but no downstream hop given")
         start = session.ticket.range.effective_start  # overlapping routes skip layers the previous hop ran
+        if frame.sampling is not None and (frame.sampling.grammar or frame.sampling.grammar_tokens) \
+                and self.engine.shard.last:
+            raise invalid("constrained sampling (a grammar) is served by GGUF nodes only, not the reference backend")
         if start == 0:
             if len(frame.token_ids) != frame.span.count:
                 raise invalid(f"{len(frame.token_ids)} token ids for a span of {frame.span.count}")

@@ -59,6 +59,7 @@ class HopCommitments:
     sent: Optional[cm.HiddenCommitment]  # non-last hops
     sampled: Optional[cm.TokenCommitment]  # last hop (token -1: none sampled there)
     temperature: float
+    constrained: bool  # last hop: sampled under a grammar (a greedy token's rank is then not checked)
     signed: tt.SignedCommitments  # as the node signed them: a refutation's proof for the tracker
 
     @property
@@ -93,7 +94,7 @@ def fetch(channel, ticket: shard_pb2.AuditTicket, node_public_key: bytes, start:
                           np.frombuffer(body.input_tokens, dtype="<i4").copy() if body.input_tokens else None,
                           _hidden(body, body.input_indices, body.input_values),
                           _hidden(body, body.output_indices, body.output_values), sampled, body.temperature,
-                          tt.SignedCommitments(reply.body, reply.signature))
+                          body.constrained, tt.SignedCommitments(reply.body, reply.signature))
 
 
 class WrongRecipe(AuditError):
@@ -266,14 +267,14 @@ def judge(hops: Sequence[HopCommitments], replay: dict, tol: cm.Tolerance | Sequ
             rows = np.sort(rng.choice(sampled_at, size=min(positions, len(sampled_at)), replace=False))
             if len(rows):
                 sampled = cm.TokenCommitment(hop.sampled.tokens[rows], hop.sampled.logits[rows])
-                greedy = hop.temperature == 0
+                greedy = hop.temperature == 0 and not hop.constrained
                 gap_tol = tol if greedy else dataclasses.replace(tol, max_logit_gap=float("inf"))
                 bad = rows[~cm.tokens_pass(sampled, replay["logits"][rows], gap_tol)]
                 checked += len(rows)
                 if len(bad):
                     findings.append(Finding(hop.node_id, "token", tuple(map(int, bad)),
                                             f"{len(bad)} of {len(rows)} sampled tokens differ from the replay"
-                                            + ("" if greedy else " (logit only: sampled decoding)")))
+                                            + ("" if greedy else " (logit only: sampled or constrained decoding)")))
     order = {hop.node_id: i for i, hop in enumerate(hops)}
     culprit = min((f.node_id for f in findings), key=order.__getitem__, default="")
     return Verdict(not findings, culprit, checked, tuple(findings))

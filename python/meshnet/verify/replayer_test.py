@@ -126,7 +126,7 @@ def test_a_replay_on_a_gpu_backend_computes_as_the_session_did():
     assert mixed.batch(40, 0) == "40"  # nothing sampled: all of it was prefilled
     tokens = np.array([-1, -1, -1, 7, 9, 4], dtype=np.int32)
     last = audit.HopCommitments("n", (2, 4), 6, None, None, None,
-                                commitment.TokenCommitment(tokens, np.zeros(6, np.float16)), 0.0,
+                                commitment.TokenCommitment(tokens, np.zeros(6, np.float16)), 0.0, False,
                                 tt.SignedCommitments(b"", b""))
     assert audit.prompt_length([last]) == 4  # position 3's logits gave the first sampled token
     assert audit.prompt_length([dataclasses.replace(last, sampled=None)]) == 0

@@ -129,6 +129,8 @@ class SamplingParams:
     max_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     top_logprobs: int = 0
+    grammar: str = ""  # GBNF every sampled token must continue ("" = unconstrained)
+    grammar_tokens: tuple[int, ...] = ()  # generated before a failover: fed to the grammar first
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,206 @@
+// Constrained sampling (issue 33) over the bundled model's real vocabulary: every token drawn
+// under a grammar continues it, greedy is the argmax over the tokens the grammar allows, a
+// grammar fed the tokens of an earlier epoch goes on exactly as an undisturbed one, and what
+// cannot be used is refused with a reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "cpp/engine/sampler.h"
+#include "llama.h"
+
+namespace meshnet::engine {
+namespace {
+
+const char* g_model_path = nullptr;
+
+class SamplerGrammarTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    llama_backend_init();
+    llama_model_params params = llama_model_default_params();
+    params.vocab_only = true;
+    model_ = llama_model_load_from_file(g_model_path, params);
+    ASSERT_NE(model_, nullptr) << g_model_path;
+  }
+  static void TearDownTestSuite() { llama_model_free(model_); }
+
+  static const llama_vocab* vocab() { return llama_model_get_vocab(model_); }
+  static size_t n_vocab() { return static_cast<size_t>(llama_vocab_n_tokens(vocab())); }
+  static std::string Piece(uint32_t token) {
+    char buf[256];
+    const int n = llama_token_to_piece(vocab(), static_cast<llama_token>(token), buf, sizeof buf, 0, true);
+    return std::string(buf, n > 0 ? n : 0);
+  }
+  static std::vector<float> Logits(std::mt19937_64& rng) {
+    std::normal_distribution<float> normal(0, 3);
+    std::vector<float> logits(n_vocab());
+    for (float& logit : logits) logit = normal(rng);
+    return logits;
+  }
+  // Draws until the grammar is complete (an end-of-generation token) or `limit` tokens.
+  static std::vector<uint32_t> Run(Sampler& sampler, uint64_t seed, int limit) {
+    std::mt19937_64 rng(seed);
+    std::vector<uint32_t> tokens;
+    for (int i = 0; i < limit; ++i) {
+      const uint32_t token = sampler.Choose(Logits(rng).data(), n_vocab());
+      EXPECT_NE(token, kNoToken) << sampler.error();
+      if (token == kNoToken) break;
+      tokens.push_back(token);
+      if (llama_vocab_is_eog(vocab(), static_cast<llama_token>(token))) break;
+    }
+    return tokens;
+  }
+  static std::string Text(const std::vector<uint32_t>& tokens) {
+    std::string text;
+    for (uint32_t token : tokens) {
+      if (!llama_vocab_is_eog(vocab(), static_cast<llama_token>(token))) text += Piece(token);
+    }
+    return text;
+  }
+
+  static llama_model* model_;
+};
+llama_model* SamplerGrammarTest::model_ = nullptr;
+
+// A finite JSON-ish language: every run must end, and the text must match it exactly.
+constexpr char kObject[] = R"(root ::= "{\"n\": " [1-9] [0-9]? ", \"ok\": " ("true" | "false") "}")";
+const std::regex kObjectText(R"(\{"n": [1-9][0-9]?, "ok": (true|false)\})");
+
+protocol::SamplingParams Constrained(const char* grammar, float temperature = 0, uint64_t seed = 0) {
+  protocol::SamplingParams params;
+  params.grammar = grammar;
+  params.temperature = temperature;
+  params.seed = seed;
+  return params;
+}
+
+TEST_F(SamplerGrammarTest, EveryDrawContinuesTheGrammarAndEndsWhereItIsComplete) {
+  for (float temperature : {0.0f, 0.8f}) {
+    for (uint64_t seed = 0; seed < 10; ++seed) {
+      std::string error;
+      auto sampler = Sampler::Make(Constrained(kObject, temperature, seed), vocab(), &error);
+      ASSERT_NE(sampler, nullptr) << error;
+      EXPECT_TRUE(sampler->constrained());
+      std::vector<uint32_t> tokens = Run(*sampler, seed, 64);
+      ASSERT_FALSE(tokens.empty());
+      EXPECT_TRUE(llama_vocab_is_eog(vocab(), static_cast<llama_token>(tokens.back())))
+          << "temperature " << temperature << " seed " << seed << ": " << Text(tokens);
+      EXPECT_TRUE(std::regex_match(Text(tokens), kObjectText)) << Text(tokens);
+    }
+  }
+}
+
+TEST_F(SamplerGrammarTest, GreedyIsTheFirstLargestAllowedLogit) {
+  std::string error;
+  auto sampler = Sampler::Make(Constrained(R"(root ::= "yes" | "no")"), vocab(), &error);
+  ASSERT_NE(sampler, nullptr) << error;
+  std::mt19937_64 rng(3);
+  std::vector<float> logits = Logits(rng);
+  Sampler free_sampler{protocol::SamplingParams()};
+  const uint32_t unconstrained = free_sampler.Choose(logits.data(), n_vocab());
+  const uint32_t chosen = sampler->Choose(logits.data(), n_vocab());
+  ASSERT_NE(chosen, kNoToken) << sampler->error();
+  const std::string piece = Piece(chosen);
+  EXPECT_TRUE(std::string("yes").rfind(piece, 0) == 0 || std::string("no").rfind(piece, 0) == 0) << piece;
+  // Among all tokens that start "yes" or "no", none has a larger logit (ties: the first).
+  for (size_t i = 0; i < n_vocab(); ++i) {
+    const std::string other = Piece(static_cast<uint32_t>(i));
+    if (other.empty() || !(std::string("yes").rfind(other, 0) == 0 || std::string("no").rfind(other, 0) == 0)) continue;
+    EXPECT_TRUE(logits[i] < logits[chosen] || (logits[i] == logits[chosen] && i >= chosen)) << other;
+  }
+  EXPECT_NE(unconstrained, chosen);  // the row's own argmax is not one of them (seed 3)
+}
+
+TEST_F(SamplerGrammarTest, FedTheTokensOfAnEarlierEpochItGoesOnAsUndisturbed) {
+  // Greedy: a seeded draw restarts its random stream on a new epoch anyway.
+  std::string error;
+  auto whole = Sampler::Make(Constrained(kObject), vocab(), &error);
+  ASSERT_NE(whole, nullptr) << error;
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<float>> rows;
+  std::vector<uint32_t> expected;
+  for (int i = 0; i < 40; ++i) {
+    rows.push_back(Logits(rng));
+    expected.push_back(whole->Choose(rows.back().data(), n_vocab()));
+    if (llama_vocab_is_eog(vocab(), static_cast<llama_token>(expected.back()))) break;
+  }
+  ASSERT_GE(expected.size(), 4u);
+  for (size_t cut = 1; cut + 1 < expected.size(); ++cut) {
+    protocol::SamplingParams params = Constrained(kObject);
+    params.grammar_tokens.assign(expected.begin(), expected.begin() + cut);
+    auto resumed = Sampler::Make(params, vocab(), &error);
+    ASSERT_NE(resumed, nullptr) << error;
+    for (size_t i = cut; i < expected.size(); ++i) {
+      EXPECT_EQ(resumed->Choose(rows[i].data(), n_vocab()), expected[i]) << "cut " << cut << " row " << i;
+    }
+  }
+}
+
+TEST_F(SamplerGrammarTest, WhatCannotBeUsedIsRefusedWithAReason) {
+  struct Case {
+    std::string grammar;
+    std::vector<uint32_t> tokens;
+    std::string want;
+  };
+  const std::vector<uint32_t> wrong = {static_cast<uint32_t>(llama_vocab_bos(vocab()))};
+  const std::vector<Case> cases = {
+      {"root ::= [", {}, "does not parse"},
+      {"start ::= \"x\"", {}, "does not parse"},  // no root rule
+      {"root ::= root \"x\" | \"x\"", {}, "left-recursive"},
+      {std::string(kMaxGrammarBytes + 1, ' '), {}, "at most"},
+      {kObject, {static_cast<uint32_t>(n_vocab())}, "outside the vocabulary"},
+      {kObject, wrong, "does not continue the grammar"},
+      {"", {1}, "grammar_tokens without a grammar"},
+  };
+  for (const Case& c : cases) {
+    protocol::SamplingParams params = Constrained("");
+    params.grammar = c.grammar;
+    params.grammar_tokens = c.tokens;
+    std::string error;
+    EXPECT_EQ(Sampler::Make(params, vocab(), &error), nullptr) << c.want;
+    EXPECT_NE(error.find(c.want), std::string::npos) << error;
+  }
+  std::string error;
+  EXPECT_EQ(Sampler::Make(Constrained(kObject), nullptr, &error), nullptr);
+  EXPECT_NE(error.find("vocabulary"), std::string::npos) << error;
+  // Without a grammar nothing changes: no vocabulary needed, greedy as before.
+  auto plain = Sampler::Make(protocol::SamplingParams(), nullptr, &error);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_FALSE(plain->constrained());
+}
+
+TEST_F(SamplerGrammarTest, ASpentGrammarAllowsNothingAndSaysSo) {
+  std::string error;
+  auto sampler = Sampler::Make(Constrained(R"(root ::= "a")"), vocab(), &error);
+  ASSERT_NE(sampler, nullptr) << error;
+  std::vector<float> logits(n_vocab(), 0.0f);
+  // Only end-of-generation tokens follow "a"; a row where those are -inf leaves nothing.
+  const uint32_t a = sampler->Choose(logits.data(), n_vocab());
+  ASSERT_NE(a, kNoToken) << sampler->error();
+  EXPECT_EQ(Piece(a), "a");
+  for (size_t i = 0; i < n_vocab(); ++i) {
+    if (llama_vocab_is_eog(vocab(), static_cast<llama_token>(i))) logits[i] = -INFINITY;
+  }
+  EXPECT_EQ(sampler->Choose(logits.data(), n_vocab()), kNoToken);
+  EXPECT_NE(sampler->error().find("allows no token"), std::string::npos) << sampler->error();
+  EXPECT_EQ(sampler->Choose(logits.data(), n_vocab()), kNoToken);  // spent
+}
+
+}  // namespace
+}  // namespace meshnet::engine
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 2) {
+    fprintf(stderr, "usage: sampler_grammar_test MODEL.gguf\n");
+    return 2;
+  }
+  meshnet::engine::g_model_path = argv[1];
+  return RUN_ALL_TESTS();
+}
