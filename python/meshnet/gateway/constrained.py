@@ -25,10 +25,15 @@ import copy
 from typing import Any, Optional
 
 from meshnet.gateway.errors import bad_request
-from meshnet.gateway.json_grammar import SchemaRefused, json_object_grammar, schema_grammar
+from meshnet.gateway.json_grammar import MAX_PROPERTIES, SchemaRefused, json_object_grammar, schema_grammar
 from meshnet.gateway.tool_calls import MAX_TOOL_CALLS, ToolCallFamily
+from meshnet.gateway.tool_request import MAX_TOOLS
 
 _CALL = "tool-call-json"  # the root of the call objects' grammar, renamed (json_grammar never uses it)
+# The call objects together: each function's parameters alone stay within json_grammar's
+# MAX_PROPERTIES; together they may hold four times that, plus "name" and "arguments" per
+# function (the rules and grammar-size bounds still apply to the whole).
+MAX_CALL_PROPERTIES = 4 * MAX_PROPERTIES + 2 * MAX_TOOLS
 
 
 def response_format_grammar(value: Any) -> Optional[str]:
@@ -103,7 +108,7 @@ def _hoisted(parameters: dict, prefix: str, defs: dict[str, Any]) -> dict:
 def _converted(schema: dict, defs: dict[str, Any], root: str) -> str:
     whole = dict(schema, **({"$defs": defs} if defs else {}))
     try:
-        grammar = schema_grammar(whole)
+        grammar = schema_grammar(whole, MAX_CALL_PROPERTIES)
     except SchemaRefused as err:  # each function converted alone: the calls together are over a bound
         raise bad_request(f"tools: the calls' grammar together: {err.message}", "tools") from None
     if root == "root":

@@ -129,3 +129,14 @@ def test_which_grammar_a_request_gets():
     with pytest.raises(ApiError) as refused:
         grammar_for(_Body({"type": "json_object"}), _Plan("auto"))
     assert refused.value.param == "response_format"
+
+
+def test_the_most_tools_convert_together():
+    """64 functions of 4 parameters: 384 properties with names and arguments, over one schema's
+    256 but within what the calls together may hold."""
+    many = tuple({"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "object", "properties": {f"p{j}": {"type": "integer"} for j in range(4)}, "required": ["p0"],
+        "additionalProperties": False}}} for i in range(64))
+    grammar = gbnf.parse(tool_call_grammar(ToolCallFamily.GENERIC, many, None, parallel=True))
+    assert grammar.matches('{"tool_calls": [{"name": "f63", "arguments": {"p0": 1, "p3": 2}}]}')
+    assert not grammar.matches('{"tool_calls": [{"name": "f64", "arguments": {"p0": 1}}]}')

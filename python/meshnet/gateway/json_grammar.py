@@ -80,9 +80,10 @@ class SchemaRefused(ValueError):
         self.pointer, self.message = pointer, message
 
 
-def schema_grammar(schema: Union[dict, bool]) -> str:
-    """GBNF whose `root` matches the JSON texts valid against `schema` (see the module notes)."""
-    _check_bounds(schema)
+def schema_grammar(schema: Union[dict, bool], max_properties: int = MAX_PROPERTIES) -> str:
+    """GBNF whose `root` matches the JSON texts valid against `schema` (see the module notes).
+    `max_properties`: a caller that bounded the parts of `schema` alone may allow their sum."""
+    _check_bounds(schema, max_properties)
     return _Converter(schema).grammar()
 
 
@@ -99,7 +100,7 @@ def _child(ptr: str, key: Any) -> str:
     return f"{ptr}/{str(key).replace('~', '~0').replace('/', '~1')}"
 
 
-def _check_bounds(schema: Any) -> None:
+def _check_bounds(schema: Any, max_properties: int = MAX_PROPERTIES) -> None:
     """Depth, JSON types, node count, enum lengths and property count without recursion; then
     the compact size (json.dumps recurses, so only once the depth is known)."""
     stack, nodes, properties = [(schema, "#", 1)], 0, 0
@@ -116,8 +117,8 @@ def _check_bounds(schema: Any) -> None:
                 raise _refused(ptr, "object keys must be strings")
             if isinstance(node.get("properties"), dict):
                 properties += len(node["properties"])
-                if properties > MAX_PROPERTIES:
-                    raise _refused(ptr, f"more than {MAX_PROPERTIES} properties in the schema", "properties")
+                if properties > max_properties:
+                    raise _refused(ptr, f"more than {max_properties} properties in the schema", "properties")
             if isinstance(node.get("enum"), list) and len(node["enum"]) > MAX_ENUM_VALUES:
                 raise _refused(ptr, f"enum has more than {MAX_ENUM_VALUES} values", "enum")
             stack.extend((child, _child(ptr, key), depth + 1) for key, child in node.items())
