@@ -53,7 +53,7 @@ class City(BaseModel):
 class Review(BaseModel):
     verdict: Literal["good", "bad", "mixed"]
     stars: int
-    summary: str = Field(max_length=48)
+    summary: str = Field(max_length=24)
     recommended: bool
 
 
@@ -61,6 +61,7 @@ class Review(BaseModel):
 def swarm(tmp_path_factory):
     with LocalSwarm(tmp_path_factory.mktemp("structured"), GGUF, CUTS, backend="gguf", worker_binary=WORKER,
                     max_sessions=8) as s:
+        s.add_node("node-2b", (20, 30))  # a second last range: a failover of the last hop goes there
         yield s
 
 
@@ -89,15 +90,17 @@ def test_json_schema_output_validates_for_20_seeded_sampled_generations(swarm, c
     for seed in range(20):
         reply = client.chat.completions.create(
             model=swarm.model, messages=ask("Review the film Metropolis in JSON."), temperature=0.9, seed=seed,
-            max_tokens=96, response_format={"type": "json_schema", "json_schema": schema})
+            max_tokens=160, response_format={"type": "json_schema", "json_schema": schema})
         choice = reply.choices[0]
         assert choice.finish_reason == "stop", (seed, choice.message.content)
         Review.model_validate_json(choice.message.content)  # raises on anything the schema does not allow
         texts.append(choice.message.content)
     assert len(set(texts)) > 1, texts  # sampled: the seeds gave different answers
-    reply = client.chat.completions.create(model=swarm.model, messages=ask("Name a colour, as JSON."),
-                                           temperature=0.9, seed=3, max_tokens=48,
+    # json_object has no schema to end it: greedy (the same answer every run), and room for it
+    question = 'What colour is the sky? Answer with {"colour": "..."} only.'
+    reply = client.chat.completions.create(model=swarm.model, messages=ask(question), temperature=0, max_tokens=160,
                                            response_format={"type": "json_object"})
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
 
 
@@ -120,7 +123,8 @@ def test_a_named_tool_choice_always_calls_that_function_with_valid_arguments(swa
 def test_tool_calling_loop(swarm, client, stream):
     messages = ask("What is the weather in Paris?")
     first = client.chat.completions.create(model=swarm.model, messages=messages, tools=[WEATHER],
-                                           tool_choice="required", temperature=0, max_tokens=64, stream=stream)
+                                           tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                           max_tokens=64, stream=stream)
     if stream:
         chunks = [c for c in first if c.choices]
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
