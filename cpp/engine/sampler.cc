@@ -9,6 +9,9 @@
 namespace meshnet::engine {
 namespace {
 
+// Greedy under a grammar: candidates checked alone before the whole row is masked.
+constexpr size_t kCheckedOneByOne = 64;
+
 // The largest of `n` (> 0) floats, none NaN. Eight running maxima: no branch, and a dependency
 // chain n / 8 long, where std::max_element compares one element at a time (about 3x slower on
 // a 49,152-entry vocabulary, and on the last hop's path to the next token).
@@ -117,9 +120,29 @@ bool Sampler::Advance(uint32_t token) {
 }
 
 uint32_t Sampler::ChooseAllowed(const float* logits, size_t n_vocab) {
-  if (params_.temperature <= 0) {  // the first largest logit, if the grammar allows it
+  if (params_.temperature <= 0) {
+    // The first largest logit the grammar allows: the row's argmax checked alone, then the next
+    // largest (ties: the lower id first) one at a time, each far cheaper than masking the row.
     const uint32_t best = static_cast<uint32_t>(ArgMax(logits, n_vocab));
     if (std::isfinite(logits[best]) && Allows(best, logits[best])) return best;
+    const size_t k = std::min(kCheckedOneByOne, n_vocab);
+    std::vector<uint32_t> ids(n_vocab);
+    for (size_t i = 0; i < n_vocab; ++i) ids[i] = static_cast<uint32_t>(i);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](uint32_t a, uint32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (size_t i = 1; i < k; ++i) {  // ids[0] is `best`
+      if (std::isfinite(logits[ids[i]]) && Allows(ids[i], logits[ids[i]])) return ids[i];
+    }
+  } else {
+    // A seeded draw as llama.cpp's server makes it: from the whole row; a token the grammar
+    // refuses is drawn again from the row masked by the grammar.
+    std::vector<llama_token_data> data(n_vocab);
+    for (size_t i = 0; i < n_vocab; ++i) data[i] = {static_cast<llama_token>(i), logits[i], 0.0f};
+    llama_token_data_array array{data.data(), data.size(), -1, false};
+    llama_sampler_apply(chain_, &array);
+    const uint32_t drawn = static_cast<uint32_t>(array.data[array.selected].id);
+    if (Allows(drawn, logits[drawn])) return drawn;
   }
   std::vector<llama_token_data> data(n_vocab);
   for (size_t i = 0; i < n_vocab; ++i) data[i] = {static_cast<llama_token>(i), logits[i], 0.0f};

@@ -2,10 +2,11 @@
 // seeded draw) over one row of logits, plus the token's logprob and the top alternatives.
 //
 // Constrained sampling (issue 33): with a grammar (GBNF, llama.cpp's grammar sampler) every
-// drawn token continues it. Greedy takes the first largest logit when the grammar allows it
-// (one token checked), else the first largest among the tokens it allows (the whole row
-// checked), so the result is the argmax over the allowed tokens either way; a seeded draw masks
-// the row first. Each drawn token advances the grammar.
+// drawn token continues it. Greedy is the first largest logit the grammar allows: the largest
+// logits are checked one token at a time, and only when none of the first 64 is allowed is the
+// whole row masked. A seeded draw is made as llama.cpp's server makes it: from the whole row,
+// and when the grammar refuses that token, again from the row the grammar masked. Each drawn
+// token advances the grammar.
 //
 // Lives in the engine package so that only cpp/engine calls llama.cpp. Not thread-safe: one
 // owner (the session's step, serialized by the worker's per-session lock) calls Sample.
