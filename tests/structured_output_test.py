@@ -8,11 +8,13 @@ front of three GGUF nodes, sampled under a grammar on the last hop, driven by th
 - a tool-calling loop (a forced call, the result as a tool message, the answer), whole and
   streamed;
 - kill -9 of the last hop's worker mid-generation: the grammar, fed the tokens of the first epoch
-  on the new one, gives the tokens of an undisturbed run.
+  on the new one, gives the tokens of an undisturbed run;
+- ring decode with speculative drafts under a grammar gives plain decoding's tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -173,3 +175,30 @@ def test_grammar_state_survives_a_kill_9_failover_of_the_last_hop(swarm):
     City.model_validate_json(tokenizer.decode(undisturbed[:-1]))
     assert got == undisturbed
     assert session.failovers and session.failovers[0][1] == killed
+
+
+def test_speculative_drafts_are_checked_against_the_grammar(swarm):
+    """Ring decode with prompt-lookup drafts under a grammar gives the tokens of plain decoding
+    under it: the last hop samples each drafted row under the grammar, so a draft the grammar
+    refuses cannot match and is dropped like any other mismatch. Drafts were both accepted and
+    rejected (the Health counters moved)."""
+    tokenizer = GgufTokenizer.from_gguf(GGUF)
+    text = "Copy this list as JSON: red, green, blue, red, green, blue, red, green, blue."
+    prompt = tokenizer.encode(render_chat(tokenizer.chat_template, ask(text), bos_token=tokenizer.bos_token,
+                                          eos_token=tokenizer.eos_token, add_generation_prompt=True))
+    grammar = response_format_grammar({"type": "json_schema", "json_schema": {"name": "colours", "schema": {
+        "type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 12}}})
+    params = GenerationParams(max_tokens=64, stop_token_ids=tuple(tokenizer.stop_token_ids), grammar=grammar)
+
+    def drafts() -> tuple[int, int]:
+        replies = swarm.health().values()
+        return sum(h.drafted_tokens for h in replies), sum(h.accepted_drafts for h in replies)
+
+    with swarm.client() as tracker:
+        plain = list(RouteClient(tracker, swarm.model).generate(prompt, params))
+        before = drafts()
+        drafted = list(RouteClient(tracker, swarm.model).generate(prompt, dataclasses.replace(params, speculate=8)))
+    made, accepted = (a - b for a, b in zip(drafts(), before))
+    assert drafted == plain
+    assert made > 0 and 0 < accepted < made, (made, accepted)
+    assert isinstance(json.loads(tokenizer.decode(plain[:-1])), list)

@@ -6,9 +6,9 @@
 //
 // Usage: grammar_check MODEL.gguf GRAMMAR_FILE [--draws=N] [--seed=S] < sequences
 //   Each stdin line is one sequence of token ids separated by spaces.
-// Output, one JSON object per line: first {"compile_ms": x} (or {"error": "..."}, exit 1); then
-// per input line {"accepted": bool, "complete": bool, "error": "..."}; then, with --draws,
-// {"draws": N, "choose_ms_max": x, "tokens": [...]}.
+// Output, one JSON object per line: first {"compile_ms": x}; then per input line {"accepted":
+// bool, "complete": bool}; then, with --draws, {"draws": N, "choose_ms_max": x, "tokens": [...]}.
+// Why a grammar or a sequence was refused goes to stderr, one line each.
 // Exit status: 0; 1 when the model cannot be loaded or the grammar cannot be used; 2 on a bad
 // argument or input line.
 #include <algorithm>
@@ -28,23 +28,6 @@ namespace {
 
 void QuietLog(ggml_log_level level, const char* text, void*) {
   if (level == GGML_LOG_LEVEL_ERROR) std::cerr << text;
-}
-
-std::string Quoted(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
 }
 
 double MillisSince(std::chrono::steady_clock::time_point start) {
@@ -101,7 +84,7 @@ int main(int argc, char** argv) {
   auto sampler = meshnet::engine::Sampler::Make(params, vocab, &error);
   const double compile_ms = MillisSince(compiling);
   if (sampler == nullptr) {
-    std::cout << "{\"error\": " << Quoted(error) << "}\n";
+    std::cerr << "grammar refused: " << error << "\n";
     return 1;
   }
   std::cout << "{\"compile_ms\": " << compile_ms << "}\n";
@@ -127,8 +110,9 @@ int main(int argc, char** argv) {
     const bool accepted = resumed != nullptr;
     const bool complete =
         accepted && resumed->Choose(only_eog.data(), n_vocab) != meshnet::engine::kNoToken;
+    if (!accepted) std::cerr << "sequence refused: " << error << "\n";
     std::cout << "{\"accepted\": " << (accepted ? "true" : "false") << ", \"complete\": "
-              << (complete ? "true" : "false") << ", \"error\": " << Quoted(accepted ? "" : error) << "}\n";
+              << (complete ? "true" : "false") << "}\n";
   }
 
   if (draws > 0) {
@@ -143,7 +127,7 @@ int main(int argc, char** argv) {
       const uint32_t token = sampler->Choose(logits.data(), n_vocab);
       slowest = std::max(slowest, MillisSince(choosing));
       if (token == meshnet::engine::kNoToken) {
-        std::cout << "{\"error\": " << Quoted(sampler->error()) << "}\n";
+        std::cerr << "draw refused: " << sampler->error() << "\n";
         return 1;
       }
       tokens += (tokens.empty() ? "" : ", ") + std::to_string(token);
