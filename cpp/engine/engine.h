@@ -1,6 +1,7 @@
 // The shard engine: a small C++ API over the patched llama.cpp (third_party/llama_cpp/patches).
 //
-// A Model is the layer range [layer_start, layer_end) of a dense Llama GGUF; a Context holds
+// A Model is the layer range [layer_start, layer_end) of a GGUF whose architecture has a
+// layer-range adapter (llama, qwen3, qwen3moe, gemma3: patches 0006-0009); a Context holds
 // the KV of that range for up to n_seq sequences (one per session). One Decode runs one batch of
 // rows from many sessions: token ids on the first shard (layer_start == 0), hidden states
 // (the residual stream entering layer_start, n_embd floats per row) on every other shard. After
@@ -8,8 +9,9 @@
 // norm), which is the next shard's input; the last shard exposes logits for rows marked output.
 //
 // Invariants: a shard chain [0,a), [a,b), [b,n) fed the same rows (same seq, pos, order) gives
-// the same logits as the whole model (see engine_test.cc for the measured exactness). Any
-// architecture other than dense llama is refused at Open with a message naming it.
+// the same logits as the whole model (see engine_test.cc for the measured exactness). An
+// architecture without an adapter (the list is llama_layer_range_architectures(), from patch
+// 0006's table) is refused at Open with a message naming it and the adapters there are.
 //
 // Threading: a Model and its Contexts belong to one thread, the engine thread; every method
 // must be called on the thread that created the object (checked, aborts otherwise). No
