@@ -8,7 +8,7 @@ control plane is given, each report counted once whichever tracker it reaches (l
 --roles-file is a JSON object mapping roles ("node", "client", "gateway", "verifier") to their
 bearer tokens (never from argv, which other users can read). --ticket-key holds the Ed25519
 key that signs route tickets (created 0600 when absent). --models is a JSON list of certified
-models (see README, "Tracker"). `--http-listen HOST:PORT` (off by default) also serves the
+models (see docs/operating.md, "Tracker"). `--http-listen HOST:PORT` (off by default) also serves the
 read-only /metrics, /status and /status.json (tracker/web.py says what they reveal); `--relay
 HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sends a node the
 tracker cannot reach to a relay. `--audit-rate` (default 0.05) of closed route sessions are
