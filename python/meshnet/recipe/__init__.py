@@ -1,4 +1,4 @@
-"""Artifact and runtime-recipe fingerprints that capability admission compares (DESIGN.md 4).
+"""Artifact and runtime-recipe fingerprints that capability admission compares (ADR 0009).
 
 `fingerprint` hashes GGUF artifacts (whole file, per layer range) and summarizes their
 metadata; `recipe` describes and fingerprints how an artifact is run. `fixtures` (tests only)

@@ -1,5 +1,5 @@
 """Cuts a GGUF into per-range model files ("parts"), one per layer range, for nodes that must not
-need the whole file on disk (DESIGN.md 9).
+need the whole file on disk (docs/operating.md, "Per-range model files").
 
   tools/bazel run //python:cut_model -- --gguf /abs/MODEL.gguf --nodes 4 --out /abs/DIR
   tools/bazel run //python:cut_model -- --gguf /abs/MODEL.gguf --ranges 0:10,10:20,20:30 --out /abs/DIR

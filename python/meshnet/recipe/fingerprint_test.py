@@ -206,7 +206,7 @@ def test_summary_and_fingerprints_of_bundled_smollm2():
     assert (summary.n_layer, summary.n_embd, summary.n_vocab) == (30, 576, 49152)
     assert (summary.file_type, summary.tied_embeddings, summary.context_length) == ("Q4_1", True, 8192)
     assert (summary.rope_freq_base, summary.rope_freq_scale) == (100000.0, 1.0)
-    # Golden values: the artifact is pinned (DESIGN.md section 7), so these change only if
+    # Golden values: the artifact is pinned (third_party/versions.bzl), so these change only if
     # the range stream definition does.
     assert fp.range_fingerprint(path, 0, 30) == SMOLLM2_FULL_RANGE
     assert fp.range_fingerprint(path, 0, 10) == SMOLLM2_FIRST_TEN

@@ -1,4 +1,4 @@
-"""Tiny seeded random-weight Llama GGUF files for tests (DESIGN.md section 7).
+"""Tiny seeded random-weight Llama GGUF files for tests (ADR 0006, "One maker per fact").
 
 Called by tests of fingerprints, recipes and the GGUF header reader. The file is made by the one
 maker of the fixture for both languages, //cpp/engine:tiny_llama_writer (cpp/engine/

@@ -1,7 +1,8 @@
 """Runtime recipes: everything besides the weights that decides what numbers a shard computes.
 
 A node declares its recipe's fingerprint when it registers; the tracker admits it only if the
-fingerprint equals the model's certified one (DESIGN.md section 4, fail-closed admission).
+fingerprint equals the model's certified one (fail-closed admission: docs/architecture.md,
+"Rules the code keeps"; ADRs 0009 and 0015).
 Invariant: `canonical_bytes` is a stable wire contract (RECIPE_VERSION); two recipes have the
 same fingerprint exactly when every field is equal, whatever order they were built in.
 """

@@ -98,7 +98,7 @@ def main() -> int:
         args.worker_binary = args.vulkan_worker_binary
     elif compute_backend != "cpu":
         parser.error(f"--device {args.device}: this swarm runs cpu or vulkanN (the {compute_backend} worker is "
-                     "built separately; see docs/operating.md, "GPU nodes")")
+                     "built separately; see docs/operating.md, 'GPU nodes')")
     if args.gguf is None or not Path(args.gguf).is_file():
         parser.error("--gguf PATH is required (bazel run sets the bundled model)")
     try:
