@@ -14,12 +14,14 @@
 //
 // Usage: decode_profile MODEL.gguf [--seqs=8] [--prompt=128] [--steps=16] [--threads=1]
 //                       [--attention=f32|flash] [--reference_kernels=1|0] [--n_ctx=N] [--n_batch=N]
-//                       [--order=sequence|reverse]
+//                       [--order=sequence|reverse] [--f32_activations=0|1]
 // (n_ctx default: enough cells for every sequence; n_batch, also n_ubatch: max(prompt, seqs);
 // --order: the decode rows by ascending sequence id, or descending, which llama.cpp splits into
 // one ubatch per row, as it splits any rows whose ids do not follow each other).
 // --attention=f32 (default): no flash attention, F32 KV, as the worker's certified recipe
 // (ADR 0010); flash: flash attention over an F16 KV, upstream's CPU default.
+// --f32_activations=1: patch 0010's F32 matmul activations (ADR 0012's recipe), as the worker's
+// --f32_matmul_activations.
 // Exit status: 0; 1 when the model, context or a decode fails; 2 on bad arguments.
 #include <algorithm>
 #include <chrono>
@@ -79,17 +81,24 @@ bool OnEval(ggml_tensor* t, bool ask, void* data) {
   return true;
 }
 
-void UseReferenceKernels(llama_context* ctx) {
+// Sets a CPU backend switch by its registered name (the reference kernels, patch 0010's F32
+// activations); false when no backend offers it (upstream's build has neither).
+bool SetCpuSwitch(llama_context* ctx, const char* setter) {
   using Set = void (*)(ggml_backend_t, bool);
+  bool found = false;
   ggml_backend_sched_t sched = ctx->get_sched();
   for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
     ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
     ggml_backend_dev_t device = ggml_backend_get_device(backend);
     ggml_backend_reg_t reg = device != nullptr ? ggml_backend_dev_backend_reg(device) : nullptr;
     if (reg == nullptr) continue;
-    auto set = reinterpret_cast<Set>(ggml_backend_reg_get_proc_address(reg, "ggml_backend_cpu_set_use_ref"));
-    if (set != nullptr) set(backend, true);
+    auto set = reinterpret_cast<Set>(ggml_backend_reg_get_proc_address(reg, setter));
+    if (set != nullptr) {
+      set(backend, true);
+      found = true;
+    }
   }
+  return found;
 }
 
 }  // namespace
@@ -97,14 +106,15 @@ void UseReferenceKernels(llama_context* ctx) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: decode_profile MODEL.gguf [--seqs=N] [--prompt=P] [--steps=S] [--threads=T] "
-                         "[--attention=f32|flash] [--reference_kernels=1|0] [--n_ctx=N] [--n_batch=N] "
-                         "[--order=sequence|reverse]\n");
+                         "[--attention=f32|flash] [--reference_kernels=1|0] [--f32_activations=0|1] "
+                         "[--n_ctx=N] [--n_batch=N] [--order=sequence|reverse]\n");
     return 2;
   }
-  int seqs = 8, prompt = 128, steps = 16, threads = 1, reference = 1, n_ctx = 0, n_batch = 0;
+  int seqs = 8, prompt = 128, steps = 16, threads = 1, reference = 1, n_ctx = 0, n_batch = 0, f32_activations = 0;
   std::string attention = "f32", order = "sequence";
   const std::map<std::string, int*> ints = {{"seqs", &seqs}, {"prompt", &prompt}, {"steps", &steps},
                                             {"threads", &threads}, {"reference_kernels", &reference},
+                                            {"f32_activations", &f32_activations},
                                             {"n_ctx", &n_ctx}, {"n_batch", &n_batch}};
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -162,7 +172,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "decode_profile: cannot create a context\n");
     return 1;
   }
-  if (reference) UseReferenceKernels(ctx);
+  if (reference) SetCpuSwitch(ctx, "ggml_backend_cpu_set_use_ref");
+  if (f32_activations && !SetCpuSwitch(ctx, "ggml_backend_cpu_set_f32_activations")) {
+    std::fprintf(stderr, "decode_profile: this llama.cpp has no F32 matmul activations (patch 0010)\n");
+    return 1;
+  }
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   uint32_t lcg = 12345;
   auto next_token = [&]() {

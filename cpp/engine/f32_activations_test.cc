@@ -21,7 +21,8 @@ extern "C" void ggml_vec_dot_f32(int n, float* s, size_t bs, const float* x, siz
 
 namespace {
 
-const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
+                            GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
 
 // Normal values with one in ten scaled by 8, as weights with outliers are.
 std::vector<float> Values(size_t count, uint32_t seed) {
@@ -68,7 +69,7 @@ void RequireKernels() {
 TEST(F32ActivationKernelsTest, OnlyTheTypesWithKernelsSayTheyHaveThem) {
   RequireKernels();
   for (ggml_type type : kTypes) EXPECT_TRUE(ggml_f32_activations_has_kernels(type)) << ggml_type_name(type);
-  for (ggml_type type : {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q5_K, GGML_TYPE_Q8_K}) {
+  for (ggml_type type : {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q8_K}) {
     EXPECT_FALSE(ggml_f32_activations_has_kernels(type)) << ggml_type_name(type);
   }
 }
@@ -110,6 +111,39 @@ TEST(F32ActivationKernelsTest, DotsAreTheGenericPathsBitForBitForAnyNumberOfColu
             float alone = 0;  // the same column on its own
             ggml_f32_activations_dot(type, n, m.row(r), &columns[c], 1, &alone);
             ASSERT_TRUE(SameBits(alone, got[c]));
+          }
+        }
+      }
+    }
+  }
+}
+
+// The call ggml-cpu makes: a chunk of rows at a stride, each with the row 4 ahead prefetched (so
+// chunks shorter and longer than that, and a stride wider than the row, as a tensor view has).
+TEST(F32ActivationKernelsTest, ChunksOfRowsAreEachRowsDot) {
+  RequireKernels();
+  for (ggml_type type : kTypes) {
+    const int64_t n = ggml_blck_size(type) == 256 ? 512 : 160;
+    const Matrix m = Quantized(type, n, 17, static_cast<uint32_t>(type) * 7);
+    for (size_t pad : {size_t{0}, size_t{64}}) {
+      const size_t stride = m.row_bytes + pad;
+      std::vector<char> strided(stride * m.rows);
+      for (int64_t r = 0; r < m.rows; ++r) std::memcpy(strided.data() + r * stride, m.row(r), m.row_bytes);
+      for (int cols = 1; cols <= 4; ++cols) {
+        const std::vector<float> x = Values(static_cast<size_t>(n * cols), static_cast<uint32_t>(cols) + 40);
+        std::vector<const float*> columns(cols);
+        for (int c = 0; c < cols; ++c) columns[c] = x.data() + c * n;
+        for (int64_t nrows : {1, 2, 4, 5, 8, 16, 17}) {
+          std::vector<float> y(static_cast<size_t>(cols * nrows), -1.0f);
+          std::vector<float*> outs(cols);
+          for (int c = 0; c < cols; ++c) outs[c] = y.data() + c * nrows;
+          ggml_f32_activations_dot_rows(type, n, strided.data(), stride, nrows, columns.data(), cols, outs.data());
+          for (int c = 0; c < cols; ++c) {
+            for (int64_t r = 0; r < nrows; ++r) {
+              ASSERT_TRUE(SameBits(Reference(m, r, columns[c]), y[c * nrows + r]))
+                  << ggml_type_name(type) << " pad=" << pad << " cols=" << cols << " nrows=" << nrows << " row " << r
+                  << " col " << c;
+            }
           }
         }
       }
@@ -159,11 +193,11 @@ class GraphTest : public ::testing::Test {
   std::vector<std::pair<ggml_tensor*, std::vector<char>>> inputs_;
 };
 
-class MulMatTest : public GraphTest, public ::testing::WithParamInterface<std::tuple<ggml_type, int>> {};
+class MulMatTest : public GraphTest, public ::testing::WithParamInterface<std::tuple<ggml_type, int, int>> {};
 
 TEST_P(MulMatTest, EveryOutputIsTheGenericPathsDot) {
-  const auto [type, cols] = GetParam();
-  const int64_t n = ggml_blck_size(type) == 256 ? 768 : 576, rows = 37;  // rows: not a multiple of 16
+  const auto [type, cols, rows] = GetParam();  // rows: one, a half chunk, not a multiple of 16
+  const int64_t n = ggml_blck_size(type) == 256 ? 768 : 576;
   const Matrix m = Quantized(type, n, rows, 11);
   const std::vector<float> x = Values(static_cast<size_t>(n * cols), 5);
   ggml_tensor* w = ggml_new_tensor_2d(ctx_, type, n, rows);
@@ -182,7 +216,8 @@ TEST_P(MulMatTest, EveryOutputIsTheGenericPathsDot) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TypesAndColumns, MulMatTest,
-                         ::testing::Combine(::testing::ValuesIn(kTypes), ::testing::Values(1, 3, 4, 5, 8, 128)));
+                         ::testing::Combine(::testing::ValuesIn(kTypes), ::testing::Values(1, 3, 4, 5, 8, 128),
+                                            ::testing::Values(1, 8, 37)));
 
 class MulMatIdTest : public GraphTest, public ::testing::WithParamInterface<ggml_type> {};
 
