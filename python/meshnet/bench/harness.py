@@ -60,7 +60,8 @@ from pathlib import Path
 from typing import Optional
 
 from meshnet.bench import contract, llama_lanes, report, schema
-from meshnet.bench.lanes import DEFAULT_LANES, LANES, RUNTIME_ONLY, Bench, Progress, make_prompts, run_group
+from meshnet.bench.lane_table import DEFAULT_LANES, LANES, RUNTIME_ONLY, lanes_help
+from meshnet.bench.lanes import Bench, Progress, make_prompts, run_group
 from meshnet.bench.measure import find_cell
 
 def contract_figures(results: dict) -> dict:
@@ -127,8 +128,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64, help="new tokens per stream (64 to 256)")
     p.add_argument("--threads", type=int, default=1, help="compute threads of every process (see the module doc)")
     p.add_argument("--k", type=int, default=3, help="processes in the split lanes")
-    p.add_argument("--lanes", default=",".join(DEFAULT_LANES), help="which lanes, run in this order (the Vulkan "
-                   "lanes only when named)")
+    p.add_argument("--lanes", default=",".join(DEFAULT_LANES), help=lanes_help())
     p.add_argument("--vulkan-worker-binary", type=Path, help="//cpp/worker:worker_vulkan, for the *_vulkan lanes")
     p.add_argument("--no-runtime-only", action="store_true", help="skip the F32 runtime-only comparison")
     p.add_argument("--runtime-prompts", default="128")

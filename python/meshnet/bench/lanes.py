@@ -1,7 +1,7 @@
-"""The bench's lanes: their names and labels, what each one runs (Bench and the runners of
-run_group), and the prompts and model facts they share. harness.py is the command around them:
-arguments, progress, results, report and the contract check. Every lane is described in
-harness.py's docstring.
+"""What the bench's lanes run: Bench (the ways of running a lane: llama.cpp, Transformers, a
+route, the gateway, the WAN lanes) and run_group, which runs the lanes of lane_table.py in
+rounds and merges them, plus the prompts and model facts they share. harness.py is the command
+around them: arguments, progress, results, report and the contract check.
 """
 
 from __future__ import annotations
@@ -17,112 +17,17 @@ from typing import Callable, Optional
 
 import gguf as gguf_lib
 
-from meshnet.bench import gateway_lane, llama_lanes, route_lanes
+from meshnet.bench import gateway_lane, lane_table, llama_lanes, route_lanes
 from meshnet.bench.measure import find_cell
 from meshnet.memory_cap import RssWatch
 from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
 from meshnet.bench.rounds import merge_rounds
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.bench.schema import Lane
-from meshnet.gateway.json_grammar import schema_grammar
 from meshnet.process import child_env
 from meshnet.recipe.fingerprint import gguf_summary, owned_tensor_names
 from meshnet.swarm.local import even_cuts
 from meshnet.swarm.wan import WanLink
-
-WAN_DELAYS_MS = (5, 10, 25)  # one-way delay per link in the proxy WAN lanes
-
-
-def wan_lane_names(delay_ms: int) -> tuple[str, ...]:
-    """The lanes run at one delay: the ring, RPC, and the copy-heavy pair without and with speculation."""
-    return (f"wan_{delay_ms}ms_gguf_ring_3_nodes", f"wan_{delay_ms}ms_llama_cpp_rpc_3",
-            f"wan_{delay_ms}ms_gguf_ring_3_nodes_copy", f"wan_{delay_ms}ms_gguf_ring_3_nodes_spec_copy")
-
-
-# Lanes on the synthetic ~1.1B model (//tools:synthetic_model; issue 16), run with
-# --synthetic-gguf: weights dominate memory there, as they do for the models Meshnet is for.
-SYNTHETIC_LANES = ("synthetic_1b_llama_cpp_single_process", "synthetic_1b_gguf_ring_1_node",
-                   "synthetic_1b_gguf_ring_3_nodes", "synthetic_1b_reference_route_3_nodes")
-# Issue 29: the synthetic ~8B (//tools:synthetic_big_model), run with --synthetic-8b-gguf: a
-# 4-node ring against one llama.cpp process holding the whole model.
-BIG_MODEL_NODES = 4
-# The last two are diagnostics (no contract check): upstream without its repacked copy of the
-# weights (what the nodes run: the mapped file itself), and the ring on upstream's CPU kernels.
-BIG_MODEL_LANES = ("synthetic_8b_llama_cpp_single_process", "synthetic_8b_gguf_ring_4_nodes",
-                   "synthetic_8b_llama_cpp_single_process_no_repack",
-                   "synthetic_8b_gguf_ring_4_nodes_optimized_kernels")
-# Issue 17: the ring with audits at 5% (commitments kept, the verifier role running on this
-# machine) against no commitments and no audits; and every session audited, the verifier's
-# worst case here (a lane's few sessions seldom draw a 5% audit), which also measures its cost.
-AUDIT_LANES = ("gguf_ring_3_nodes_unaudited", "gguf_ring_3_nodes_audited", "gguf_ring_3_nodes_audited_all")
-# Issue 30: the bundled model's ring with every node on Vulkan (`--device vulkan0`), 1 node (the
-# whole model in one worker on the device) and 3. On lavapipe (no GPU) their speed is a cost of
-# running the Vulkan code, never a GPU figure; tools/gpu_check.py measures real GPUs.
-VULKAN_LANES = ("gguf_ring_1_node_vulkan", "gguf_ring_3_nodes_vulkan")
-LANES = ("transformers_single_process", "llama_cpp_single_process", "llama_cpp_rpc_3", "gguf_route_1_node",
-         "gguf_route_3_nodes", "gguf_ring_1_node", "gguf_ring_3_nodes", "gguf_route_3_nodes_plaintext",
-         "reference_route_3_nodes", "gguf_route_3_nodes_wan",
-         *(name for d in WAN_DELAYS_MS for name in wan_lane_names(d)), "wan_10ms_gguf_route_3_nodes",
-         "gguf_ring_3_nodes_spec", "gguf_ring_3_nodes_json", "gateway_3_nodes", *AUDIT_LANES, "gguf_ring_3_nodes_optimized_kernels",
-         "gguf_ring_1_node_optimized_kernels", "gguf_ring_3_nodes_f32_matmul", *SYNTHETIC_LANES, *BIG_MODEL_LANES, *VULKAN_LANES)
-# Run by default: every lane but the Vulkan ones, which need a worker linked with Vulkan and, on
-# Mesa's lavapipe, take minutes for what the CPU lanes do in seconds (named with --lanes).
-DEFAULT_LANES = tuple(name for name in LANES if name not in VULKAN_LANES)
-SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
-# The JSON lane's grammar: the document cannot end within a lane's new tokens, so each one is
-# drawn inside it (once a JSON answer is complete only end-of-generation tokens are allowed).
-OPEN_JSON_GRAMMAR = schema_grammar({"type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 64})
-LABELS = {
-    "llama_cpp_single_process": "llama.cpp, one process (upstream, batched-bench)",
-    "llama_cpp_rpc_3": "llama.cpp RPC over {k} local rpc-servers",
-    "transformers_single_process": "Transformers fp32, one process",
-    "reference_route_3_nodes": "Transformers reference route, {k} nodes",
-    "gguf_route_1_node": "GGUF route, 1 node, client-driven decode",
-    "gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode",
-    "gguf_ring_1_node": "GGUF route, 1 node, ring decode",
-    "gguf_ring_1_node_vulkan": "GGUF route, 1 node, ring decode, on vulkan0",
-    "gguf_ring_3_nodes_vulkan": "GGUF route, {k} nodes, ring decode, every node on vulkan0",
-    "gguf_ring_3_nodes": "GGUF route, {k} nodes, ring decode",
-    "gguf_ring_3_nodes_optimized_kernels": "GGUF route, {k} nodes, ring decode, upstream's CPU kernels and F16 flash "
-                                           "attention (batched sessions may differ from solo; ADR 0009, 0010)",
-    "gguf_ring_1_node_optimized_kernels": "GGUF route, 1 node, ring decode, upstream's CPU kernels and F16 flash "
-                                          "attention: against gguf_ring_1_node, what batch invariance costs at c=8; "
-                                          "against llama.cpp batched, the runtime's own cost (issue 31)",
-    "gguf_ring_3_nodes_f32_matmul": "GGUF route, {k} nodes, ring decode, F32 matmul activations (quantized weights "
-                                    "dequantized; the recipe of ADR 0012)",
-    "gguf_ring_3_nodes_unaudited": "GGUF route, {k} nodes, ring decode, no commitments, no audits",
-    "gguf_ring_3_nodes_audited": "GGUF route, {k} nodes, ring decode, audits at 5% (verifier on this machine)",
-    "gguf_ring_3_nodes_audited_all": "GGUF route, {k} nodes, ring decode, every session audited (verifier on this "
-                                     "machine)",
-    **{f"wan_{d}ms_gguf_ring_3_nodes": f"GGUF route, {{k}} nodes, ring decode, {d} ms one-way per link (delay proxy)"
-       for d in WAN_DELAYS_MS},
-    **{f"wan_{d}ms_llama_cpp_rpc_3": f"llama.cpp RPC over {{k}} rpc-servers, {d} ms one-way per link (delay proxy)"
-       for d in WAN_DELAYS_MS},
-    "wan_10ms_gguf_route_3_nodes": "GGUF route, {k} nodes, client-driven decode, 10 ms one-way per link (delay proxy)",
-    "gguf_ring_3_nodes_spec": "GGUF route, {k} nodes, ring decode with speculation (prompt lookup), ordinary prompts",
-    "gguf_ring_3_nodes_json": "GGUF route, {k} nodes, ring decode sampled under a JSON-schema grammar on the last "
-                              "hop (issue 33; an array of at least 64 short strings, so that every new token is "
-                              "inside the document): against gguf_ring_3_nodes, the last hop's sampling time per "
-                              "token",
-    **{f"wan_{d}ms_gguf_ring_3_nodes_copy": f"GGUF route, {{k}} nodes, ring decode, copy-heavy prompts, {d} ms one-way "
-       "per link" for d in WAN_DELAYS_MS},
-    **{f"wan_{d}ms_gguf_ring_3_nodes_spec_copy": f"GGUF route, {{k}} nodes, ring decode with speculation, copy-heavy "
-       f"prompts, {d} ms one-way per link" for d in WAN_DELAYS_MS},
-    "gguf_route_3_nodes_plaintext": "GGUF route, {k} nodes, plaintext links (--insecure; tickets on)",
-    "gguf_route_3_nodes_wan": "GGUF route, {k} nodes in network namespaces (WAN)",
-    "gateway_3_nodes": "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
-    "synthetic_1b_llama_cpp_single_process": "synthetic 1.1B Q4_0: llama.cpp, one process (batched-bench)",
-    "synthetic_1b_gguf_ring_1_node": "synthetic 1.1B Q4_0: GGUF route, 1 node, ring decode",
-    "synthetic_1b_gguf_ring_3_nodes": "synthetic 1.1B Q4_0: GGUF route, {k} nodes, ring decode",
-    "synthetic_1b_reference_route_3_nodes": "synthetic 1.1B: Transformers fp32 reference route, {k} nodes",
-    "synthetic_8b_llama_cpp_single_process": "synthetic 8B Q4_0: llama.cpp, one process (batched-bench)",
-    "synthetic_8b_gguf_ring_4_nodes": f"synthetic 8B Q4_0: GGUF route, {BIG_MODEL_NODES} nodes, ring decode",
-    "synthetic_8b_llama_cpp_single_process_no_repack": "synthetic 8B Q4_0: llama.cpp, one process, --no-repack",
-    "synthetic_8b_gguf_ring_4_nodes_optimized_kernels": f"synthetic 8B Q4_0: GGUF route, {BIG_MODEL_NODES} nodes, ring "
-                                                        "decode, upstream's CPU kernels (not the certified runtime)",
-}
-RUNTIME_ONLY = ("transformers_single_process", "llama_cpp_single_process", "gguf_route_1_node", "gguf_route_3_nodes")
-
 
 class Progress:
     """One line per event on stderr, with the elapsed time and the lane's place in the run."""
@@ -214,7 +119,7 @@ class Bench:
         except Exception as e:  # noqa: BLE001 - a broken lane is reported, the others still run
             traceback.print_exc()
             lane = {"available": False, "reason": f"failed: {type(e).__name__}: {str(e)[-600:]}"}
-        lane["label"] = LABELS[name].format(k=k)
+        lane["label"] = lane_table.BY_NAME[name].label.format(k=k)
         lane["duration_s"] = round(time.monotonic() - started, 1)
         progress("done" if lane["available"] else f"not available: {lane['reason']}")
         return lane
@@ -376,6 +281,44 @@ class Bench:
         return {"top1_agreement": d["top1_agreement"], "mean_kl": d["mean_kl_transformers_to_gguf"],
                 "max_kl": d["max_kl"], "positions": d["positions"]}
 
+    def wan_lane(self, model: Path, prompts: dict, progress: Progress) -> Lane:
+        a = self.args
+        why = WanLink.unavailable()
+        if why:
+            raise LaneUnavailable(why)
+        wan_prompts = {length: prompts[length] for length in [int(x) for x in a.wan_prompts.split(",")]}
+        with WanLink(a.k, a.wan_delay_ms, a.wan_rate_mbit) as link:
+            lane = self.route(model, "gguf", a.k, wan_prompts, [int(x) for x in a.wan_concurrency.split(",")],
+                              progress, wan=link)
+            lane["notes"] += link.notes
+            lane["wan"] = link.applied
+        return lane
+
+    def proxy_wan_lane(self, model: Path, prompts: dict, progress: Progress, delay_ms: float, ring: bool) -> Lane:
+        """A GGUF route of K nodes, each behind a DelayProxy (every link into a node delayed)."""
+        a = self.args
+        wan_prompts = {length: prompts[length] for length in self.wan_prompt_lengths}
+        return self.route(model, "gguf", a.k, wan_prompts, self.wan_concurrency, progress,
+                          options=RouteOptions(ring=ring, delay_ms=delay_ms, rate_mbit=a.wan_rate_mbit))
+
+    def copy_lane(self, model: Path, progress: Progress, delay_ms: float, speculate: int) -> Lane:
+        """The copy-heavy prompts one at a time (each its own cell), K nodes behind delay proxies of
+        `delay_ms`; the lane's decode rate is all decode tokens over all decode time."""
+        from meshnet.reference.model import load_tokenizer
+
+        a = self.args
+        tokenizer = load_tokenizer(model)
+        prompts = {len(ids): [ids] for ids in (tokenizer(p)["input_ids"] for p in COPY_HEAVY)}
+        lane = self.route(model, "gguf", a.k, prompts, [1], progress,
+                          options=RouteOptions(ring=True, speculate=speculate, delay_ms=delay_ms,
+                                               rate_mbit=a.wan_rate_mbit))
+        cells = [c for c in lane["cells"] if c.get("decode_tok_s")]
+        seconds = sum((c["new_tokens"] - 1) / c["decode_tok_s"] for c in cells)
+        lane["figures"] = {"decode_tok_s": sum(c["new_tokens"] - 1 for c in cells) / seconds if seconds else None}
+        lane["notes"].append(f"{len(COPY_HEAVY)} copy-heavy prompts (python/meshnet/bench/prompts.py), one stream each"
+                             + (f"; speculation: up to {speculate} drafted tokens per step" if speculate else ""))
+        return lane
+
 
 class LaneUnavailable(Exception):
     """The lane cannot run here (a missing component or privilege); the message says why."""
@@ -383,83 +326,15 @@ class LaneUnavailable(Exception):
 
 def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt_lengths: list[int],
               concurrency: list[int], progress: Progress) -> dict[str, Lane]:
+    """Runs `names` (lane_table.py's runners) --rounds times, interleaved, and merges the rounds."""
     k = bench.args.k
-    runners = {
-        "transformers_single_process": lambda: bench.transformers(model, prompts, concurrency, progress),
-        "llama_cpp_single_process": lambda: bench.llama_single(model, prompt_lengths, concurrency),
-        "llama_cpp_rpc_3": lambda: bench.llama_rpc(model),
-        "gguf_route_1_node": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress),
-        "gguf_route_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress),
-        "gguf_route_3_nodes_plaintext": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                            options=RouteOptions(insecure=True)),
-        "gguf_ring_1_node": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress,
-                                                options=RouteOptions(ring=True)),
-        "gguf_ring_3_nodes": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                 options=RouteOptions(ring=True)),
-        "gguf_ring_1_node_vulkan": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress,
-                                                       options=RouteOptions(ring=True, device="vulkan0")),
-        "gguf_ring_3_nodes_vulkan": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                        options=RouteOptions(ring=True, device="vulkan0")),
-        "wan_10ms_gguf_route_3_nodes": lambda: proxy_wan_lane(bench, model, prompts, progress, 10, ring=False),
-        "gguf_ring_3_nodes_optimized_kernels": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                                   options=RouteOptions(ring=True,
-                                                                                        reference_kernels=False)),
-        "gguf_ring_1_node_optimized_kernels": lambda: bench.route(model, "gguf", 1, prompts, concurrency, progress,
-                                                                  options=RouteOptions(ring=True,
-                                                                                       reference_kernels=False)),
-        "gguf_ring_3_nodes_f32_matmul": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                            options=RouteOptions(ring=True, matmul_activations="f32")),
-        "gguf_ring_3_nodes_json": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                      options=RouteOptions(ring=True, grammar=OPEN_JSON_GRAMMAR)),
-        "gguf_ring_3_nodes_spec": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                      options=RouteOptions(ring=True, speculate=SPECULATE)),
-        "gguf_ring_3_nodes_unaudited": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                           options=RouteOptions(ring=True, commitments=False,
-                                                                                audit_rate=0.0)),
-        "gguf_ring_3_nodes_audited": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                         options=RouteOptions(ring=True, audit_rate=0.05,
-                                                                              verifier=bench.verifier_tools())),
-        "gguf_ring_3_nodes_audited_all": lambda: bench.route(model, "gguf", k, prompts, concurrency, progress,
-                                                             options=RouteOptions(ring=True, audit_rate=1.0,
-                                                                                  verifier=bench.verifier_tools())),
-        "reference_route_3_nodes": lambda: bench.route(model, "reference", k, prompts, concurrency, progress),
-        "gguf_route_3_nodes_wan": lambda: wan_lane(bench, model, prompts, progress),
-        "gateway_3_nodes": lambda: bench.gateway(model, prompts, progress),
-    }
-    short = {min(prompt_lengths): prompts[min(prompt_lengths)]}
-    runners.update({
-        "synthetic_1b_llama_cpp_single_process": lambda: bench.llama_single(bench.synthetic(), list(short),
-                                                                            concurrency),
-        "synthetic_1b_gguf_ring_1_node": lambda: bench.route(bench.synthetic(), "gguf", 1, short, concurrency,
-                                                             progress, options=RouteOptions(ring=True)),
-        "synthetic_1b_gguf_ring_3_nodes": lambda: bench.route(bench.synthetic(), "gguf", k, short, concurrency,
-                                                              progress, options=RouteOptions(ring=True)),
-        "synthetic_1b_reference_route_3_nodes": lambda: bench.route(bench.synthetic(), "reference", k, short, [1],
-                                                                    progress),
-        "synthetic_8b_llama_cpp_single_process": lambda: bench.llama_single(bench.synthetic("8b"), list(short),
-                                                                            concurrency),
-        "synthetic_8b_gguf_ring_4_nodes": lambda: bench.route(bench.synthetic("8b"), "gguf", BIG_MODEL_NODES, short,
-                                                              concurrency, progress, options=RouteOptions(ring=True)),
-        "synthetic_8b_llama_cpp_single_process_no_repack": lambda: bench.llama_single(
-            bench.synthetic("8b"), list(short), concurrency, extra=("--no-repack",)),
-        "synthetic_8b_gguf_ring_4_nodes_optimized_kernels": lambda: bench.route(
-            bench.synthetic("8b"), "gguf", BIG_MODEL_NODES, short, concurrency, progress,
-            options=RouteOptions(ring=True, reference_kernels=False)),
-    })
-    speculation_pairs = [("gguf_ring_3_nodes_spec", "gguf_ring_3_nodes")]
-    for d in WAN_DELAYS_MS:
-        ring_lane, rpc_lane, copy, spec_copy = wan_lane_names(d)
-        runners[ring_lane] = lambda d=d: proxy_wan_lane(bench, model, prompts, progress, d, ring=True)
-        runners[rpc_lane] = lambda d=d: bench.llama_rpc(model, delay_ms=d)
-        runners[copy] = lambda d=d: copy_lane(bench, model, progress, d, speculate=0)
-        runners[spec_copy] = lambda d=d: copy_lane(bench, model, progress, d, speculate=SPECULATE)
-        speculation_pairs.append((spec_copy, copy))
+    group = lane_table.Run(bench, model, prompts, prompt_lengths, concurrency, progress)
     runs: dict[str, list[Lane]] = {name: [] for name in names}
     for _ in range(bench.args.rounds):  # interleaved: A, B, ..., then A, B, ... (bench/rounds.py)
         for name in names:
-            runs[name].append(bench.lane(name, runners[name], progress, k))
+            runs[name].append(bench.lane(name, lambda run=lane_table.BY_NAME[name].run: run(group), progress, k))
     lanes = {name: merge_rounds(runs[name]) for name in names}
-    for spec, plain in speculation_pairs:
+    for spec, plain in lane_table.SPECULATION_PAIRS:
         if lanes.get(spec, {}).get("available") and lanes.get(plain, {}).get("available"):
             same = lanes[spec]["tokens"] == lanes[plain]["tokens"]
             lanes[spec].setdefault("figures", {})["tokens_identical"] = int(same)
@@ -472,44 +347,3 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
                 find_cell(lane, length, 1)["tokens_matching_transformers"] = common_prefix(ids, reference[length])
     return lanes
 
-
-def wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress) -> Lane:
-    a = bench.args
-    why = WanLink.unavailable()
-    if why:
-        raise LaneUnavailable(why)
-    wan_prompts = {length: prompts[length] for length in [int(x) for x in a.wan_prompts.split(",")]}
-    with WanLink(a.k, a.wan_delay_ms, a.wan_rate_mbit) as link:
-        lane = bench.route(model, "gguf", a.k, wan_prompts, [int(x) for x in a.wan_concurrency.split(",")],
-                           progress, wan=link)
-        lane["notes"] += link.notes
-        lane["wan"] = link.applied
-    return lane
-
-
-def proxy_wan_lane(bench: Bench, model: Path, prompts: dict, progress: Progress, delay_ms: float,
-                   ring: bool) -> Lane:
-    """A GGUF route of K nodes, each behind a DelayProxy (every link into a node delayed)."""
-    a = bench.args
-    wan_prompts = {length: prompts[length] for length in bench.wan_prompt_lengths}
-    return bench.route(model, "gguf", a.k, wan_prompts, bench.wan_concurrency, progress,
-                       options=RouteOptions(ring=ring, delay_ms=delay_ms, rate_mbit=a.wan_rate_mbit))
-
-
-def copy_lane(bench: Bench, model: Path, progress: Progress, delay_ms: float, speculate: int) -> Lane:
-    """The copy-heavy prompts one at a time (each its own cell), K nodes behind delay proxies of
-    `delay_ms`; the lane's decode rate is all decode tokens over all decode time."""
-    from meshnet.reference.model import load_tokenizer
-
-    a = bench.args
-    tokenizer = load_tokenizer(model)
-    prompts = {len(ids): [ids] for ids in (tokenizer(p)["input_ids"] for p in COPY_HEAVY)}
-    lane = bench.route(model, "gguf", a.k, prompts, [1], progress,
-                       options=RouteOptions(ring=True, speculate=speculate, delay_ms=delay_ms,
-                                            rate_mbit=a.wan_rate_mbit))
-    cells = [c for c in lane["cells"] if c.get("decode_tok_s")]
-    seconds = sum((c["new_tokens"] - 1) / c["decode_tok_s"] for c in cells)
-    lane["figures"] = {"decode_tok_s": sum(c["new_tokens"] - 1 for c in cells) / seconds if seconds else None}
-    lane["notes"].append(f"{len(COPY_HEAVY)} copy-heavy prompts (python/meshnet/bench/prompts.py), one stream each"
-                         + (f"; speculation: up to {speculate} drafted tokens per step" if speculate else ""))
-    return lane
