@@ -3,7 +3,8 @@ its group and, for a speculation lane, the lane whose tokens it must match. The 
 the order lanes run in (unless --lanes names others) and are reported in. Everything else that
 names lanes is derived from it: LANES, DEFAULT_LANES, RUNTIME_ONLY, the labels results.json
 carries, the runners run_group dispatches to (lanes.py), and the --lanes help and error text
-(harness.py). harness.py's docstring describes the lanes in prose.
+(harness.py). To add a lane, add a row here; harness.py's docstring describes the lanes in prose
+(not every one by name), and a row's label says what its lane is.
 """
 
 from __future__ import annotations
