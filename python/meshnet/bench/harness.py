@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshnet.bench import contract, llama_lanes, report, schema
-from meshnet.bench.lane_table import DEFAULT_LANES, LANES, RUNTIME_ONLY, lanes_help
+from meshnet.bench.lane_table import BATCHED_BASELINE, DEFAULT_LANES, LANES, NAMESPACE_WAN, RUNTIME_ONLY, lanes_help
 from meshnet.bench.lanes import Bench, Progress, make_prompts, run_group
 from meshnet.bench.measure import find_cell
 
@@ -88,8 +88,8 @@ def contract_figures(results: dict) -> dict:
             fig["max_node_control_peak_rss_mib"] = max(controls) / (1 << 20)
         fig.update(lane.get("figures", {}))  # lanes with figures of their own (the gateway lane)
         lanes[name] = {k: v for k, v in fig.items() if v is not None}
-    if "llama_cpp_single_process" in lanes:  # lane 1's batched figures, as the contract names them
-        lanes["llama_cpp_batched"] = {k: v for k, v in lanes["llama_cpp_single_process"].items()
+    if BATCHED_BASELINE in lanes:  # lane 1's batched figures, as the contract names them
+        lanes["llama_cpp_batched"] = {k: v for k, v in lanes[BATCHED_BASELINE].items()
                                       if k == "aggregate_tok_s_c8"}
     for kind, d in results.get("drift", {}).items():
         if "top1_agreement" in d:
@@ -209,7 +209,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             progress.lane = "drift"
             progress("teacher-forced drift of F32 against Transformers fp32")
             results["drift"]["f32"] = bench.drift(f32)
-        wan = results["lanes"].get("gguf_route_3_nodes_wan", {})
+        wan = results["lanes"].get(NAMESPACE_WAN, {})
         if wan.get("available"):
             results["wan"] = {"applied": wan.get("wan"), "notes": wan.get("notes", [])}
         results["meta"]["duration_s"] = round(time.monotonic() - t0, 1)

@@ -182,6 +182,10 @@ LANES = tuple(BY_NAME)
 DEFAULT_LANES = tuple(spec.name for spec in TABLE if spec.default)
 RUNTIME_ONLY = tuple(spec.name for spec in TABLE if spec.runtime_only)
 SPECULATION_PAIRS = tuple((spec.name, spec.same_tokens_as) for spec in TABLE if spec.same_tokens_as)
+# Lanes that other code reads by their role (lane_table_test checks each is a row above).
+REFERENCE_TOKENS = "transformers_single_process"  # every lane's single-stream tokens are compared with its
+BATCHED_BASELINE = "llama_cpp_single_process"  # its batched figures are the contract's llama_cpp_batched
+NAMESPACE_WAN = "gguf_route_3_nodes_wan"  # its WAN settings and notes are results.json's "wan"
 
 
 def lanes_help() -> str:

@@ -34,6 +34,8 @@ def test_derived_lists_follow_the_table():
     for spec, plain in SPECULATION_PAIRS:
         assert spec in BY_NAME and plain in BY_NAME and spec != plain
     assert all(spec.group for spec in TABLE if not spec.default)  # the help text names what is off by default
+    for role in (lane_table.REFERENCE_TOKENS, lane_table.BATCHED_BASELINE, lane_table.NAMESPACE_WAN):
+        assert role in BY_NAME
 
 
 def test_lanes_help_names_the_groups_off_by_default():

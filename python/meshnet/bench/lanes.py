@@ -339,7 +339,7 @@ def run_group(bench: Bench, model: Path, names: list[str], prompts: dict, prompt
             same = lanes[spec]["tokens"] == lanes[plain]["tokens"]
             lanes[spec].setdefault("figures", {})["tokens_identical"] = int(same)
             lanes[spec]["notes"].append(f"single-stream tokens {'identical to' if same else 'DIFFER from'} {plain}")
-    reference = lanes.get("transformers_single_process", {}).get("tokens", {})
+    reference = lanes.get(lane_table.REFERENCE_TOKENS, {}).get("tokens", {})
     for lane in lanes.values():
         tokens = lane.pop("tokens", {})
         for length, ids in tokens.items():
