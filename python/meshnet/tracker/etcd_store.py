@@ -206,23 +206,22 @@ class EtcdStore:
         return found[1] if found else None
 
     def advance_session(self, session_id: SessionId, seen_epoch: int, record: SessionRecord,
-                        lease_seconds: float) -> bool:
+                        lease_seconds: float) -> Optional[SessionRecord]:
         check_advance(seen_epoch, record)
         key, writer = self._key("sessions", session_id), uuid.uuid4().hex
         for _ in range(CAS_ATTEMPTS):
             found = self._session_kv(session_id)
             if found is None:
-                return False
+                return None
             kv, current, stored_writer = found
-            if current.epoch != seen_epoch:
-                return current.epoch == record.epoch and stored_writer == writer  # ours, answered late
+            if current.epoch != seen_epoch:  # ours, answered late (a retried write): as etcd holds it
+                return current if current.epoch == record.epoch and stored_writer == writer else None
             if self._client.keepalive(kv["lease"]) <= 0:
-                return False
-            value = codec.session_value(dataclasses.replace(record, lease_until=self._clock() + lease_seconds), writer,
-                                        self._to_wall)
-            swapped = self._swap(key, kv, value)
+                return None
+            stored = dataclasses.replace(record, lease_until=self._clock() + lease_seconds)
+            swapped = self._swap(key, kv, codec.session_value(stored, writer, self._to_wall))
             if swapped is not None:
-                return swapped
+                return stored if swapped else None
         raise StoreError(f"advancing route session {session_id} lost {CAS_ATTEMPTS} compare-and-swaps in a row")
 
     def renew_session(self, session_id: SessionId, epoch: int, lease_seconds: float) -> bool:

@@ -365,33 +365,40 @@ class Registry:
         return held + sum(1 for s in self._opening.values() if s.client_key == caller)
 
     def report_failure(self, request: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
-        """A new epoch for the reporter's route, avoiding the failed hop. The hop is banned (from
-        every route, for a doubling time) only when the tracker corroborates the failure; else
-        only this route avoids it, so a client cannot ban an honest node by reporting it."""
+        """report_failure_with_record's reply alone."""
+        return self.report_failure_with_record(request, caller)[0]
+
+    def report_failure_with_record(self, request: tt.ReportFailureRequest,
+                                   caller: bytes) -> tuple[tt.RouteReply, Optional[SessionRecord]]:
+        """A new epoch for the reporter's route, avoiding the failed hop, and the session record
+        as the store now holds it (None when nothing was written), so the caller needs no read
+        to ticket the reply (expected_tokens, client_id). The hop is banned (from every route,
+        for a doubling time) only when the tracker corroborates the failure; else only this
+        route avoids it, so a client cannot ban an honest node by reporting it."""
         if request.session is None:
-            return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "failure report without a session"))
+            return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "failure report without a session")), None
         session_id = request.session.session_id
         confirmed = self._confirmed(session_id, request.failed_node_id, caller)  # a probe: outside the lock
         with self._lock:
             session = self._store.session(session_id)
             if session is None:
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"unknown route session {session_id!r} "
-                                                                 "(closed, or its lease expired)"))
+                                                                 "(closed, or its lease expired)")), None
             if session.client_key != caller:
                 return tt.RouteReply(_error(StatusCode.PERMISSION_DENIED,
-                                            "only the client that opened a route may report a failure on it"))
+                                            "only the client that opened a route may report a failure on it")), None
             current = RouteSession(session_id, session.epoch)
             if request.session.epoch != session.epoch:
-                return _stale(request.session, session)
+                return _stale(request.session, session), None
             on_route = {h.node.node_id for h in session.hops}
             if request.failed_node_id and request.failed_node_id not in on_route:
                 return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT,
                                             f"node {request.failed_node_id!r} is not a hop of epoch {session.epoch}; "
-                                            "the report is ignored"), current, session.hops)
+                                            "the report is ignored"), current, session.hops), None
             model = self._models.get(session.model)
             if model is None:  # opened through another tracker that certifies a model this one does not
                 return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"model {session.model!r} is not certified on "
-                                                                 "this tracker"), current, session.hops)
+                                                                 "this tracker"), current, session.hops), None
             avoid = session.avoid
             if request.failed_node_id and confirmed:  # a time-limited ban: the node may come back
                 self._store.strike(request.failed_node_id, self._ban_base, self._ban_max)
@@ -401,12 +408,13 @@ class Registry:
             reply, planned = self._route(session_id, dataclasses.replace(session, epoch=session.epoch + 1,
                                                                          avoid=avoid), model)
             # The session is kept with no route when there is none (its old epoch stays fenced).
-            if not self._store.advance_session(session_id, session.epoch, planned, self._route_lease):
+            stored = self._store.advance_session(session_id, session.epoch, planned, self._route_lease)
+            if stored is None:
                 now = self._store.session(session_id)  # another tracker advanced or closed it first
                 if now is None:
-                    return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"route session {session_id!r} was closed"))
-                return _stale(request.session, now)
-            return reply
+                    return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"route session {session_id!r} was closed")), None
+                return _stale(request.session, now), None
+            return reply, stored
 
     def _confirmed(self, session_id: SessionId, failed: NodeId, caller: bytes) -> bool:
         """Whether `corroborate` finds the reported hop failing (True when there is nothing to
@@ -497,11 +505,6 @@ class Registry:
         if session.client_key != caller:
             return _error(StatusCode.PERMISSION_DENIED, f"only the client that opened a route may {verb} it")
         return None
-
-    def expected_tokens(self, route: Optional[RouteSession]) -> int:
-        """The token budget a live route session was opened with (0 if unknown)."""
-        session = self._store.session(route.session_id) if route else None
-        return session.expected_tokens if session else 0
 
     def client_id(self, route: Optional[RouteSession]) -> str:
         """The client_id a live route session was opened with ('' if unknown)."""

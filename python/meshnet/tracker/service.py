@@ -205,11 +205,11 @@ class TrackerService:
     def ReportFailure(self, request, context):  # noqa: N802
         def work(req: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
             over = self._principals.take_failure_report(caller, self._registry.routes_held(caller))
-            reply = (tt.RouteReply(Status(StatusCode.RESOURCE_EXHAUSTED, over, retryable=True)) if over is not None
-                     else self._registry.report_failure(req, caller))
-            if reply.status.ok:
-                reply = self._issued(reply, caller, self._registry.expected_tokens(reply.session),
-                                     self._registry.client_id(reply.session))
+            reply, stored = ((tt.RouteReply(Status(StatusCode.RESOURCE_EXHAUSTED, over, retryable=True)), None)
+                             if over is not None else self._registry.report_failure_with_record(req, caller))
+            if reply.status.ok:  # ticketed from the record the store wrote, not read back
+                assert stored is not None
+                reply = self._issued(reply, caller, stored.expected_tokens, stored.client_id)
             self._metrics.failovers.labels(reply.status.code.name).inc()
             log("report_failure", session=req.session, failed=req.failed_node_id, status=reply.status.code.name,
                 epoch=reply.session.epoch if reply.session else None)

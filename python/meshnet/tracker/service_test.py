@@ -3,7 +3,9 @@
 Issue 35, finding 13: a route the ledger cannot record is withdrawn (its capacity back at once,
 not at the end of its lease) and the client is told to retry, without any internal text; a
 client_id that is not printable text (a NUL) is refused before anything is written. A real
-tracker on loopback over a test fake ledger whose writes can be made to fail."""
+tracker on loopback over a test fake ledger whose writes can be made to fail. Issue 34: a
+failover is ticketed from the session record the store wrote, never read back (on etcd each read
+is a round trip)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.principals import Enrolment, Principals
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import new_role_tokens, serve
+from meshnet.tracker.state_store import EmbeddedStore
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion
 from meshnet.wire.status import StatusCode
@@ -211,6 +214,54 @@ def test_enrolled_roles_and_per_principal_quotas_on_the_wire(tmp_path):
             moved = honest.report_failure(other.session, "")
             assert moved.status.ok and moved.session.epoch == 2
             assert reporter.close_route(route.session).status.ok  # epoch 3 still: the refused report moved nothing
+    finally:
+        server.stop(grace=0).wait()
+        ledger.close()
+
+
+class CountingStoreFake(EmbeddedStore):
+    """Test fake: the embedded store, logging each session read and write in order."""
+
+    def __init__(self) -> None:
+        super().__init__(time.monotonic)
+        self.calls: list[str] = []
+
+    def session(self, session_id):
+        self.calls.append("session")
+        return super().session(session_id)
+
+    def advance_session(self, session_id, seen_epoch, record, lease_seconds):
+        self.calls.append("advance_session")
+        return super().advance_session(session_id, seen_epoch, record, lease_seconds)
+
+
+def test_a_failover_is_ticketed_from_the_record_written_without_reading_it_back(tmp_path):
+    """Issue 34: ReportFailure re-read the session it had just advanced (its budget and client
+    id, for the tickets and the ledger): two store reads, on etcd two round trips, per failover.
+    The new epoch's triples still carry the route's budget and client."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    store = CountingStoreFake()
+    tokens = new_role_tokens()
+    server, port = serve(Registry([MODEL], lease_seconds=30, store=store), ledger, "127.0.0.1:0", tokens,
+                         Identity.generate())
+    address = f"127.0.0.1:{port}"
+    try:
+        key = Identity.generate()
+        with TrackerClient(address, tokens["node"], key) as node, \
+                TrackerClient(address, tokens["gateway"], Identity.generate()) as client:
+            assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info(key, 4))).admission == \
+                tt.Admission.ROUTABLE
+            route = client.open_route(tt.OpenRouteRequest("smol", "key:alice", 64))
+            assert route.status.ok
+            store.calls.clear()
+            moved = client.report_failure(route.session, "")
+            assert moved.status.ok and moved.session.epoch == 2 and moved.hops[0].ticket
+            assert store.calls[-1] == "advance_session", store.calls  # nothing read after the write
+            assert store.calls.count("session") == 2  # the probe's read and the decision's, both before it
+            assert node.report_work(tt.WorkReport(key.node_id, (tt.WorkEntry(moved.session, 4, 60),), 1)).status.ok
+            over = node.report_work(tt.WorkReport(key.node_id, (tt.WorkEntry(moved.session, 0, 1),), 2))
+            assert over.status.code == StatusCode.INVALID_ARGUMENT  # the budget of 64 came with the record
+            assert [(t.client_id, t.decode_tokens) for t in ledger.totals_by_client()] == [("key:alice", 60)]
     finally:
         server.stop(grace=0).wait()
         ledger.close()

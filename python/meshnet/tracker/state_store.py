@@ -12,7 +12,8 @@ The contract both keep (state_store_test.py runs it against each):
 - A route session is created once (`create_session` is False when the id exists). Its epoch only
   grows, one step at a time, and only by `advance_session`, which succeeds for exactly one caller
   that saw the current epoch: every (session, epoch) is handed out at most once, also across
-  trackers. A stale epoch renews, advances and closes nothing.
+  trackers. A stale epoch renews, advances and closes nothing. A successful advance returns the
+  record as stored (its lease included), so the caller never reads back what it just wrote.
 - A route session lives while its lease does (`create_session`, `advance_session` and
   `renew_session` restart it).
 - A strike bans a node for base * 2^(strikes - 1) seconds, at most max; strikes are never forgotten.
@@ -90,8 +91,9 @@ class TrackerStore(Protocol):
     def session(self, session_id: SessionId) -> Optional[SessionRecord]:
         """The live session, read where its epoch is decided (never a stale copy)."""
     def advance_session(self, session_id: SessionId, seen_epoch: int, record: SessionRecord,
-                        lease_seconds: float) -> bool:
-        """Replaces the session by `record` (epoch seen_epoch + 1) iff it is live at seen_epoch."""
+                        lease_seconds: float) -> Optional[SessionRecord]:
+        """Replaces the session by `record` (epoch seen_epoch + 1) iff it is live at seen_epoch:
+        the record as stored (with its new lease_until), else None."""
     def renew_session(self, session_id: SessionId, epoch: int, lease_seconds: float) -> bool: ...
     def close_session(self, session_id: SessionId, epoch: int, opener: bytes) -> Optional[SessionRecord]:
         """Removes the session iff it is live at `epoch` and was opened by the key `opener`; the
@@ -184,14 +186,14 @@ class EmbeddedStore:
             return entry.record if entry else None
 
     def advance_session(self, session_id: SessionId, seen_epoch: int, record: SessionRecord,
-                        lease_seconds: float) -> bool:
+                        lease_seconds: float) -> Optional[SessionRecord]:
         check_advance(seen_epoch, record)
         with self._lock:
             entry = self._live(self._sessions, session_id)
             if entry is None or entry.record.epoch != seen_epoch:
-                return False
+                return None
             self._sessions[session_id] = self._leased_session(record, lease_seconds)
-            return True
+            return self._sessions[session_id].record
 
     def renew_session(self, session_id: SessionId, epoch: int, lease_seconds: float) -> bool:
         with self._lock:
