@@ -1,7 +1,8 @@
 """The work ledger's shared store: one PostgreSQL database that several trackers write at once
 (issue 20). Made by ledger.py for a `postgresql://` URL (the tracker's `--ledger URL`).
 
-Exactly-once holds in the schema, whichever tracker a report or a route reaches:
+Exactly-once holds in the schema (ledger_schema.py, the SQLite file's too), whichever tracker a
+report or a route reaches:
 - `issued` has PRIMARY KEY (session_id, epoch, node_id) and is written INSERT ... ON CONFLICT DO
   NOTHING: a triple issued by two trackers is one row (the first one's cap).
 - `reports` has PRIMARY KEY (node_id, report_id). A report is claimed by inserting its key ON
@@ -28,6 +29,7 @@ from typing import Callable, Optional, TypeVar
 import psycopg
 import psycopg.errors
 
+from meshnet.tracker import ledger_schema
 from meshnet.tracker.ledger_store import LedgerUnavailable, Sql
 
 T = TypeVar("T")
@@ -37,76 +39,6 @@ TRANSACTION_ATTEMPTS = 3  # a deadlock or serialization failure is retried; all 
 SESSION_SETTINGS = ("SET synchronous_commit = on", "SET lock_timeout = '5s'",
                     "SET idle_in_transaction_session_timeout = '30s'")
 SCHEMA_LOCK = 0x6D657368_6E657401  # pg_advisory_xact_lock key: trackers starting together create tables one at a time
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS issued (
-    session_id TEXT NOT NULL,
-    epoch BIGINT NOT NULL,
-    node_id TEXT NOT NULL,
-    max_tokens BIGINT NOT NULL CHECK (max_tokens >= 0),
-    issued_at DOUBLE PRECISION NOT NULL,
-    client_id TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (session_id, epoch, node_id)
-);
-CREATE TABLE IF NOT EXISTS reports (
-    node_id TEXT NOT NULL,
-    report_id BIGINT NOT NULL CHECK (report_id > 0),
-    recorded_at DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY (node_id, report_id)
-);
-CREATE TABLE IF NOT EXISTS work (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    node_id TEXT NOT NULL,
-    report_id BIGINT NOT NULL,
-    session_id TEXT NOT NULL,
-    epoch BIGINT NOT NULL,
-    prefill_tokens BIGINT NOT NULL CHECK (prefill_tokens >= 0),
-    decode_tokens BIGINT NOT NULL CHECK (decode_tokens >= 0),
-    recorded_at DOUBLE PRECISION NOT NULL,
-    FOREIGN KEY (node_id, report_id) REFERENCES reports,
-    FOREIGN KEY (session_id, epoch, node_id) REFERENCES issued
-);
-CREATE INDEX IF NOT EXISTS work_by_node ON work (node_id);
-CREATE INDEX IF NOT EXISTS work_by_report ON work (node_id, report_id);
-CREATE INDEX IF NOT EXISTS work_by_triple ON work (session_id, epoch, node_id);
-CREATE TABLE IF NOT EXISTS deliveries (
-    session_id TEXT PRIMARY KEY,
-    prompt_tokens BIGINT NOT NULL CHECK (prompt_tokens >= 0),
-    tokens BIGINT NOT NULL CHECK (tokens >= 0),
-    reported_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE IF NOT EXISTS audits (
-    audit_id BIGINT PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    epoch BIGINT NOT NULL,
-    model TEXT NOT NULL,
-    passed INTEGER NOT NULL,
-    culprit TEXT NOT NULL,
-    checked BIGINT NOT NULL,
-    evidence TEXT NOT NULL,
-    reported_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE IF NOT EXISTS quarantine (
-    node_id TEXT PRIMARY KEY,
-    audit_id BIGINT NOT NULL,
-    at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE IF NOT EXISTS withheld (
-    session_id TEXT NOT NULL,
-    epoch BIGINT NOT NULL,
-    node_id TEXT NOT NULL,
-    audit_id BIGINT NOT NULL,
-    PRIMARY KEY (session_id, epoch, node_id)
-);
-CREATE TABLE IF NOT EXISTS principals (
-    public_key TEXT NOT NULL,
-    role TEXT NOT NULL,
-    name TEXT NOT NULL,
-    max_routes BIGINT NOT NULL,
-    enrolled_at DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY (public_key, role)
-);
-"""
 
 
 def is_postgres_url(location: object) -> bool:
@@ -166,7 +98,7 @@ class PostgresLedgerStore:
     @staticmethod
     def _create_schema(sql: Sql) -> None:
         sql.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-        for statement in filter(str.strip, SCHEMA.split(";")):
+        for statement in ledger_schema.statements(ledger_schema.POSTGRES):
             sql.execute(statement)
 
     def _connected(self) -> psycopg.Connection:

@@ -5,8 +5,13 @@ every write runs inside a BEGIN IMMEDIATE transaction (the file's single writer,
 other processes on the same file) committed with synchronous=FULL before `write` returns, so an
 acknowledged report survives a crash (kill -9) of the tracker. Writes that arrive together share
 a transaction (group commit, see _Pending), each in a savepoint, so a refused one writes nothing.
-The schema is the one ledgers have been written with since ADR 0003 (plus client_id, added in
-place to older files).
+The schema is ledger_schema.py's, the PostgreSQL ledger's too (issue 34): its CHECKs and foreign
+keys hold here (PRAGMA foreign_keys=ON on the connection), and a report is claimed by its row in
+`reports`, as on PostgreSQL. A file written before that schema (PRAGMA user_version 0: no
+`reports`, no CHECKs or foreign keys, perhaps no client_id) is moved to it on open, in one
+transaction (see _migrate): every row is kept, and a file whose rows break the schema's rules is
+refused with the reason and left as it was. A file written since ADR 0003 by any release
+migrates; older ones are refused, as they always were.
 """
 
 from __future__ import annotations
@@ -16,72 +21,10 @@ import threading
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from meshnet.tracker import ledger_schema
 from meshnet.tracker.ledger_store import Sql
 
 T = TypeVar("T")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS issued (
-    session_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    node_id TEXT NOT NULL,
-    max_tokens INTEGER NOT NULL,
-    issued_at REAL NOT NULL,
-    client_id TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (session_id, epoch, node_id)
-);
-CREATE TABLE IF NOT EXISTS work (
-    id INTEGER PRIMARY KEY,
-    node_id TEXT NOT NULL,
-    report_id INTEGER NOT NULL,
-    session_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    prefill_tokens INTEGER NOT NULL,
-    decode_tokens INTEGER NOT NULL,
-    recorded_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS work_by_node ON work (node_id);
-CREATE INDEX IF NOT EXISTS work_by_report ON work (node_id, report_id);
-CREATE INDEX IF NOT EXISTS work_by_triple ON work (session_id, epoch, node_id);
-CREATE TABLE IF NOT EXISTS deliveries (
-    session_id TEXT PRIMARY KEY,
-    prompt_tokens INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    reported_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS audits (
-    audit_id INTEGER PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    model TEXT NOT NULL,
-    passed INTEGER NOT NULL,
-    culprit TEXT NOT NULL,
-    checked INTEGER NOT NULL,
-    evidence TEXT NOT NULL,
-    reported_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS quarantine (
-    node_id TEXT PRIMARY KEY,
-    audit_id INTEGER NOT NULL,
-    at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS withheld (
-    session_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    node_id TEXT NOT NULL,
-    audit_id INTEGER NOT NULL,
-    PRIMARY KEY (session_id, epoch, node_id)
-);
-CREATE TABLE IF NOT EXISTS principals (
-    public_key TEXT NOT NULL,
-    role TEXT NOT NULL,
-    name TEXT NOT NULL,
-    max_routes INTEGER NOT NULL,
-    enrolled_at REAL NOT NULL,
-    PRIMARY KEY (public_key, role)
-);
-"""
-
 
 class _Pending:
     """One write waiting for its group. Group commit: a writer queues its work, then takes the
@@ -110,13 +53,36 @@ class SqliteLedgerStore:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")  # per connection, outside any transaction
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(work)")}
         if columns and "report_id" not in columns:
             raise SystemExit(f"ledger {path} predates issued triples (ADR 0003); move it aside to start a new one")
-        self._db.executescript(SCHEMA)
-        issued = {row[1] for row in self._db.execute("PRAGMA table_info(issued)")}
-        if "client_id" not in issued:  # a ledger from before per-client attribution
-            self._db.execute("ALTER TABLE issued ADD COLUMN client_id TEXT NOT NULL DEFAULT ''")
+        self._db.execute("BEGIN IMMEDIATE")  # one process at a time creates or migrates the tables
+        try:
+            self._create_schema(path)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._db.close()
+            raise
+        self._db.execute("COMMIT")
+
+    def _create_schema(self, path: Path) -> None:
+        """In the opening transaction: the tables, created, or moved from an older schema."""
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > ledger_schema.SCHEMA_VERSION:
+            raise SystemExit(f"ledger {path} has schema version {version}, newer than this tracker's "
+                             f"{ledger_schema.SCHEMA_VERSION}; open it with the release that wrote it")
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version < ledger_schema.SCHEMA_VERSION and tables & set(ledger_schema.TABLE_NAMES):
+            try:
+                _migrate(self._db, tables & set(ledger_schema.TABLE_NAMES))
+            except (sqlite3.IntegrityError, ValueError) as err:  # a row the new CHECKs or foreign keys refuse
+                raise SystemExit(f"ledger {path} predates the ledger's CHECKs and foreign keys and cannot be moved "
+                                 f"to them ({err}); nothing was changed. Fix or remove the rows at fault with the "
+                                 "sqlite3 shell, or move the file aside to start a new ledger") from None
+        for statement in ledger_schema.statements(ledger_schema.SQLITE):
+            self._db.execute(statement)
+        self._db.execute(f"PRAGMA user_version = {ledger_schema.SCHEMA_VERSION}")
 
     def write(self, work: Callable[[Sql], T]) -> T:
         """Runs `work` in a committed transaction, grouped with the writes that arrived while the
@@ -161,10 +127,41 @@ class SqliteLedgerStore:
             return work(self._db)
 
     def claim_report(self, sql: Sql, node_id: str, report_id: int, now: float) -> bool:
-        # A counted report is its rows in `work`; the write lock keeps anyone from adding them meanwhile.
-        return sql.execute("SELECT 1 FROM work WHERE node_id = ? AND report_id = ? LIMIT 1",
-                           (node_id, report_id)).fetchone() is None
+        # As on PostgreSQL: the key in `reports`, which every work row of the report references.
+        return sql.execute("INSERT INTO reports (node_id, report_id, recorded_at) VALUES (?, ?, ?) "
+                           "ON CONFLICT DO NOTHING", (node_id, report_id, now)).rowcount == 1
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _migrate(db: sqlite3.Connection, old: set[str]) -> None:
+    """Inside the opening transaction: moves the ledger tables `old` of a file of schema version 0
+    to ledger_schema.py's. Each is renamed aside, created anew and refilled with every row and
+    column it had (`reports` from the work it counted: one row per (node, report id), when it
+    was first recorded; client_id '' where the file predates it); the new tables' CHECKs and
+    foreign keys check each row as it goes in (sqlite3.IntegrityError, and the caller rolls
+    back). Raises ValueError, changing nothing, for a column the new schema would not keep."""
+    for name, _ in ledger_schema.INDEXES:  # they would stay on the renamed tables under their names
+        db.execute(f"DROP INDEX IF EXISTS {name}")
+    for table in old:
+        db.execute(f"ALTER TABLE {table} RENAME TO {table}_schema0")
+    for statement in ledger_schema.statements(ledger_schema.SQLITE):
+        db.execute(statement)
+    for table in ledger_schema.TABLE_NAMES:  # parents before the tables whose foreign keys name them
+        if table == "reports" and "reports" not in old and "work" in old:
+            db.execute("INSERT INTO reports (node_id, report_id, recorded_at) SELECT node_id, report_id, "
+                       "MIN(recorded_at) FROM work_schema0 GROUP BY node_id, report_id")
+        if table not in old:
+            continue
+        kept = [row[1] for row in db.execute(f"PRAGMA table_info({table}_schema0)")]
+        lost = set(kept) - {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if lost:
+            raise ValueError(f"table {table} has columns the ledger's schema does not: {sorted(lost)}")
+        columns = ", ".join(kept)
+        db.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {table}_schema0")
+        before, after = (db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in (f"{table}_schema0", table))
+        if before != after:
+            raise ValueError(f"table {table}: {after} rows of {before} moved")
+        db.execute(f"DROP TABLE {table}_schema0")
