@@ -3,8 +3,9 @@
 Two implementations: ledger_sqlite.py (one local file; the embedded default) and ledger_postgres.py
 (one PostgreSQL database shared by several trackers, issue 20). The ledger's logic (which work
 counts, caps, exactly-once) lives in ledger.py and speaks SQL both dialects accept, with `?`
-placeholders; a store supplies the connection, the transactions, the schema and the two things
-that differ between the dialects: how a report id is claimed and how an issued row is locked.
+placeholders; the schema is ledger_schema.py's, in each dialect's words; a store supplies the
+connection, the transactions, its tables (made from that schema) and the two things that differ
+between the dialects: how a report id is claimed and how an issued row is locked.
 Invariant: `write` returns only after its transaction is durably committed, and it may run `work`
 again when a try failed before its commit was known, so every write the ledger makes is
 idempotent (a repeated report claims nothing; issued rows and verdicts are upserts).
