@@ -61,7 +61,8 @@ class SqliteLedgerStore:
         try:
             self._create_schema(path)
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite may have rolled it back itself (a full disk)
+                self._db.execute("ROLLBACK")
             self._db.close()
             raise
         self._db.execute("COMMIT")
