@@ -2,7 +2,8 @@
 store on a real 3-member cluster (skipped, with the reason, where etcd cannot start). Time: the
 embedded store runs on a fake clock moved by `elapse`; the etcd store on real time, whose leases
 never expire early but may expire up to ~1.5 s late (etcd checks leases every 500 ms), so an
-expiry is awaited with `expires`."""
+expiry is awaited with `expires`. A successful advance returns the record a reader then gets
+(issue 34)."""
 
 from __future__ import annotations
 
@@ -159,6 +160,19 @@ def test_a_session_is_created_once_and_its_epoch_advances_once_per_epoch(harness
     assert closed is not None and closed.epoch == 2
     assert store.session(sid) is None and store.sessions() == [] and store.close_session(sid, 2, opener) is None
     assert not store.advance_session(sid, 2, dataclasses.replace(first, epoch=3), 30)
+
+
+def test_an_advance_returns_the_record_as_stored(harness):
+    """Issue 34: the registry tickets a failover from what advance_session returns instead of
+    reading the session back; it is the record a reader now gets, its new lease included."""
+    store, sid = harness.store, SessionId(f"rs-{uuid.uuid4().hex}")
+    assert store.create_session(sid, session(harness), 30)
+    harness.elapse(1)
+    stored = store.advance_session(sid, 1, dataclasses.replace(session(harness, epoch=2), expected_tokens=640), 30)
+    read = store.session(sid)
+    assert stored is not None and same_session(stored, read) and stored.expected_tokens == 640
+    assert abs(stored.lease_until - (harness.now() + 30)) < 1.0 and abs(stored.lease_until - read.lease_until) < 1.0
+    assert store.advance_session(sid, 1, session(harness, epoch=2), 30) is None  # a stale epoch: nothing stored
 
 
 def test_a_session_lives_while_its_lease_does(harness):
