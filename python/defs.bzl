@@ -7,7 +7,9 @@ and imports; the binary lists only that file, as Bazel wants `main` among `srcs`
 default argument (in the dict's order) and the label as data, so the two never disagree.
 """
 
-def meshnet_binary(name, main, deps, flags = {}):
+load("//python:rooms.bzl", "ROOMS", "room_of", "room_visibility")
+
+def meshnet_binary(name, main, deps, flags = {}, testonly = False):
     data = []
     for label in flags.values():
         if label not in data:
@@ -19,18 +21,44 @@ def meshnet_binary(name, main, deps, flags = {}):
         args = ["%s=$(location %s)" % (flag, label) for flag, label in flags.items()],
         data = data,
         python_version = "PY3",
+        testonly = testonly,
         deps = deps,
     )
 
-def role_library(name, deps = [], visibility = ["//visibility:public"], test_support = [], **kwargs):
-    """The py_library of a python/meshnet/<role>/ package: every module but the tests and the
-    `test_support` modules (shared test fixtures, which get a testonly library of their own),
-    importable as meshnet.<role>.* (python/ is the import root)."""
+def role_library(name, srcs = None, deps = [], data = [], visibility = None, test_support = [], **kwargs):
+    """A py_library of a python/meshnet/<room>/ package, fenced by python/rooms.bzl.
+
+    srcs: by default every module but the tests and the `test_support` modules (shared test
+    fixtures, which get a testonly library of their own). Importable as meshnet.<room>.*.
+    visibility: by default the room's, from the table (its own tree and the rooms that list it);
+    a narrower list may be given. The sources' imports are checked against the room's `imports`
+    by a build action (tools/rooms/check_imports.py) that the library carries as data, so any
+    target that uses the library, and `bazel build //...`, fails on a forbidden import.
+    """
+    package = native.package_name()
+    room = room_of(package)
+    if room not in ROOMS:
+        fail("%s is not a room of python/rooms.bzl" % package)
+    if srcs == None:
+        srcs = native.glob(["*.py"], exclude = ["*_test.py"] + test_support)
+    checked = name + "_imports"
+    native.genrule(
+        name = checked,
+        srcs = srcs,
+        outs = [name + "_imports.checked"],
+        cmd = "$(location //tools/rooms:check_imports) --room %s --may-import '%s' --out $@ $(SRCS)" % (
+            room,
+            ",".join(ROOMS[room].imports),
+        ),
+        tools = ["//tools/rooms:check_imports"],
+        testonly = kwargs.get("testonly", False),
+    )
     native.py_library(
         name = name,
-        srcs = native.glob(["*.py"], exclude = ["*_test.py"] + test_support),
-        imports = ["../.."],
-        visibility = visibility,
+        srcs = srcs,
+        data = data + [":" + checked],
+        imports = ["/".join([".."] * (len(package.split("/")) - 1))],
+        visibility = visibility if visibility != None else room_visibility(room),
         deps = deps,
         **kwargs
     )

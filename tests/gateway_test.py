@@ -26,8 +26,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshnet.client.session import GenerationParams, RouteClient
-from meshnet.gateway.chat import render_chat
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.chat import render_chat
+from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.swarm.local import LocalSwarm

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from meshnet.bench.prompts import COPY_HEAVY
+from meshnet.certify.prompts import COPY_HEAVY
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm

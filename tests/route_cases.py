@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from meshnet.bench.prompts import PARITY_PROMPTS
+from meshnet.certify.prompts import PARITY_PROMPTS
 from meshnet.certify.route_parity import llama_cpp_greedy  # noqa: F401 - the tests' baseline
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.reference.model import load_tokenizer

@@ -26,9 +26,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from meshnet.client.session import GenerationParams, RouteClient
-from meshnet.gateway.chat import render_chat
+from meshnet.text.chat import render_chat
 from meshnet.gateway.constrained import response_format_grammar
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.swarm.local import LocalSwarm
 

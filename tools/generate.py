@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 
 
 def default_threads() -> int:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from meshnet.bench.prompts import PARITY_PROMPTS
+from meshnet.certify.prompts import PARITY_PROMPTS
 from meshnet.certify.route_parity import llama_cpp_greedy
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.recipe.fingerprint import gguf_summary

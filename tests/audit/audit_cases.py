@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.verify import audit, commitment
 
 

@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from meshnet.bench.prompts import PARITY_PROMPTS
-from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
+from meshnet.certify.prompts import PARITY_PROMPTS
+from meshnet.text.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.memory_cap import cgroup_problem
 from meshnet.recipe.cut_model import cut
 from meshnet.recipe.fingerprint import gguf_summary

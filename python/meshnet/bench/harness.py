@@ -20,7 +20,7 @@ sends each decode step, as in v1); gguf_ring_1_node and gguf_ring_3_nodes use ri
 (ADR 0005), and gguf_ring_3_nodes_spec adds speculation (up to SPECULATE drafts a step) on the
 same ordinary prompts. WAN lanes put a DelayProxy (bench/delay_proxy.py) in front of every node,
 or every ggml-rpc-server: wan_<d>ms_gguf_ring_3_nodes, wan_<d>ms_llama_cpp_rpc_3 and the copy-heavy
-pair wan_<d>ms_gguf_ring_3_nodes_copy / _spec_copy (bench/prompts.py, without and with
+pair wan_<d>ms_gguf_ring_3_nodes_copy / _spec_copy (certify/prompts.py, without and with
 speculation) for d in 5, 10 and 25 ms one-way per link, and wan_10ms_gguf_route_3_nodes
 (client-driven, N+1 trips). With --synthetic-gguf (the synthetic ~1.1B Llama Q4_0 of
 //tools:synthetic_model), the synthetic_1b_* lanes run llama.cpp single-process, the GGUF ring

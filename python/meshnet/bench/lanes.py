@@ -20,7 +20,7 @@ import gguf as gguf_lib
 from meshnet.bench import gateway_lane, lane_table, llama_lanes, route_lanes
 from meshnet.bench.measure import find_cell
 from meshnet.memory_cap import RssWatch
-from meshnet.bench.prompts import BENCH_TEXT, COPY_HEAVY
+from meshnet.certify.prompts import BENCH_TEXT, COPY_HEAVY
 from meshnet.bench.rounds import merge_rounds
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.bench.schema import Lane
@@ -315,7 +315,7 @@ class Bench:
         cells = [c for c in lane["cells"] if c.get("decode_tok_s")]
         seconds = sum((c["new_tokens"] - 1) / c["decode_tok_s"] for c in cells)
         lane["figures"] = {"decode_tok_s": sum(c["new_tokens"] - 1 for c in cells) / seconds if seconds else None}
-        lane["notes"].append(f"{len(COPY_HEAVY)} copy-heavy prompts (python/meshnet/bench/prompts.py), one stream each"
+        lane["notes"].append(f"{len(COPY_HEAVY)} copy-heavy prompts (python/meshnet/certify/prompts.py), one stream each"
                              + (f"; speculation: up to {speculate} drafted tokens per step" if speculate else ""))
         return lane
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.bench.prompts import PARITY_PROMPTS
+from meshnet.certify.prompts import PARITY_PROMPTS
 from meshnet.certify import main as certify_main
 from meshnet.certify.route_parity import route_parity
-from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
+from meshnet.text.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.recipe.certify import PINNED_MATMUL_ACTIVATIONS
 from meshnet.recipe.fingerprint import GgufSummary, gguf_summary
 

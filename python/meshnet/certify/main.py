@@ -48,7 +48,7 @@ from typing import Optional
 
 import torch
 
-from meshnet.bench.prompts import PARITY_PROMPTS
+from meshnet.certify.prompts import PARITY_PROMPTS
 from meshnet.certify.devices import (Placement, Tools, cross_backend_agreement, mix_problem, parse_devices,
                                      tools_for)
 from meshnet.certify.memory import shard_memory
@@ -57,7 +57,7 @@ from meshnet.certify.streamed import (MIB, greedy_matches_teacher_forced, llama_
                                       reference_ranges)
 from meshnet.certify.teacher_forced import POSITIONS, compare, sequence
 from meshnet.certify.teacher_forced import llama_cpp_logits as whole_logits
-from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
+from meshnet.text.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.recipe import certify as entries
 from meshnet.recipe.adapters import has_adapter, layer_range_adapters
 from meshnet.recipe.cut_model import cut

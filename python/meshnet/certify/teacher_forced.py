@@ -17,8 +17,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from meshnet.bench.prompts import BENCH_TEXT
-from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer
+from meshnet.certify.prompts import BENCH_TEXT
+from meshnet.text.llama_cpp_tokenizer import LlamaCppTokenizer
 from meshnet.reference.model import load_model
 
 POSITIONS = 256

@@ -25,7 +25,7 @@ from meshnet.gateway.constrained import tool_call_grammar
 from meshnet.gateway.json_grammar import json_object_grammar, schema_grammar
 from meshnet.gateway.json_grammar_cases import (NAMES, STRICT, STRICT_INVALID, STRICT_VALID, Ticket, fan_out, forms,
                                                 ticket_invalid, ticket_variants)
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.gateway.tool_calls import ToolCallFamily
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"])

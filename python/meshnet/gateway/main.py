@@ -26,7 +26,7 @@ from meshnet.gateway.api import Gateway, GatewayConfig, ServedModel, create_app
 from meshnet.gateway.certified import uncertified_models
 from meshnet.gateway.generation import SwarmBackend
 from meshnet.gateway.keys import KeyRing
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.http_bounds import HttpBounds, uvicorn_config
 from meshnet.identity.keys import Identity
 from meshnet.process import log, tracker_token, write_port_file

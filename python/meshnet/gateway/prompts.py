@@ -21,7 +21,7 @@ import re
 from typing import Optional
 
 from meshnet.gateway import schema
-from meshnet.gateway.chat import ChatTemplateError, render_chat
+from meshnet.text.chat import ChatTemplateError, render_chat
 from meshnet.gateway.errors import bad_request
 from meshnet.gateway.tool_calls import ToolCallFamily
 from meshnet.gateway.tool_use import ToolPlan, template_messages

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from meshnet.gateway.api import ServedModel
-from meshnet.gateway.chat import render_chat
+from meshnet.text.chat import render_chat
 from meshnet.gateway.errors import ApiError
 from meshnet.gateway.prompts import chat_prompt
 from meshnet.gateway.schema import ChatRequest
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from meshnet.gateway import schema, tool_use
 from meshnet.gateway.api import ServedModel
 from meshnet.gateway.errors import ApiError
 from meshnet.gateway.prompts import chat_prompt
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.gateway.tool_calls import ToolCallFamily
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"])

@@ -25,11 +25,11 @@ from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 
 from meshnet.identity import certificates, tls
 from meshnet.identity.keys import Identity
+from meshnet.identity.roles import new_role_tokens
 from meshnet.process import child_env
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import uncertified_entry
 from meshnet.recipe.cut_model import even_cuts  # noqa: F401 - the swarm's split, re-exported for its callers
-from meshnet.tracker.service import new_role_tokens
 
 
 def wait_for_port(proc: subprocess.Popen, port_file: Path, log: Path, timeout: float, what: str) -> int:

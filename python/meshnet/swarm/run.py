@@ -25,8 +25,8 @@ from pathlib import Path
 
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.client.text import stream_text
-from meshnet.gateway.llama_cpp_tokenizer import tokenizer_for
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.llama_cpp_tokenizer import tokenizer_for
+from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.process import stop_on_signals
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.recipe.fingerprint import gguf_summary

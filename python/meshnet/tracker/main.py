@@ -44,7 +44,8 @@ from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE, DEFAULT_MAX_ROUTES, Principals
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.probe import health_fails
-from meshnet.tracker.service import ROLES, TICKET_SECONDS, serve
+from meshnet.identity.roles import ROLES
+from meshnet.tracker.service import TICKET_SECONDS, serve
 from meshnet.tracker.state_store import StoreError
 
 QUARANTINE_SYNC_SECONDS = 5.0  # how often the ledger's quarantines and enrolments are read

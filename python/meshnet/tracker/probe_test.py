@@ -18,7 +18,8 @@ from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.probe import PROBE_TIMEOUT_S, health_fails
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.tracker.service import new_role_tokens, serve
+from meshnet.identity.roles import new_role_tokens
+from meshnet.tracker.service import serve
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion
 

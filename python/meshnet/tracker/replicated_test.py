@@ -18,7 +18,8 @@ from meshnet.tracker.etcd_cluster import cluster_or_skip
 from meshnet.tracker.etcd_store import EtcdStore
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.tracker.service import new_role_tokens, serve
+from meshnet.identity.roles import new_role_tokens
+from meshnet.tracker.service import serve
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession
 from meshnet.wire.status import StatusCode

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import secrets
 import socket
 import time
 from typing import Any, Callable, Mapping, Optional
@@ -27,6 +26,7 @@ import grpc
 from meshnet.identity import keys, requests
 from meshnet.identity import tickets as route_tickets
 from meshnet.identity.keys import Identity
+from meshnet.identity.roles import ROLES
 from meshnet.process import log
 from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
@@ -42,7 +42,6 @@ from meshnet.wire.seam import RouteSession
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import Status, StatusCode
 
-ROLES = ("node", "client", "gateway", "verifier")
 _NODE, _ROUTES, _ANY = frozenset({"node"}), frozenset({"client", "gateway"}), frozenset(ROLES)
 METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "Register": _NODE, "Heartbeat": _NODE, "Drain": _NODE, "Deregister": _NODE, "ReportWork": _NODE,
@@ -293,11 +292,6 @@ class TrackerService:
                 nxt.tls_certificate if nxt else "", client_key, keys.principal(client_key), expires)
             hops.append(dataclasses.replace(hop, ticket=route_tickets.issue(self._ticket_key, body)))
         return dataclasses.replace(reply, hops=tuple(hops))
-
-
-def new_role_tokens() -> dict[str, str]:
-    """A fresh, distinct token per role (for local swarms and tests)."""
-    return {role: secrets.token_hex(16) for role in ROLES}
 
 
 def unreachable(address: str, timeout: float = REACHABILITY_TIMEOUT_S) -> str:

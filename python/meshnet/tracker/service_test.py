@@ -19,7 +19,8 @@ from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.principals import Enrolment, Principals
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.tracker.service import new_role_tokens, serve
+from meshnet.identity.roles import new_role_tokens
+from meshnet.tracker.service import serve
 from meshnet.tracker.state_store import EmbeddedStore
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion

@@ -21,7 +21,8 @@ from meshnet.tracker.ledger import Ledger
 from meshnet.tracker.ledger_store import LedgerUnavailable
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.tracker.service import new_role_tokens, serve
+from meshnet.identity.roles import new_role_tokens
+from meshnet.tracker.service import serve
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion
 

@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.recipe.recipe import compute_backend_of
 from meshnet.verify import boundaries
 from meshnet.verify import commitment as cm

@@ -17,8 +17,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from meshnet.gateway.chat import render_chat
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.chat import render_chat
+from meshnet.text.tokenizer import GgufTokenizer
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"])
 TOOL = Path(os.environ["MESHNET_TOKENIZE_BINARY"])
@@ -244,8 +244,8 @@ def test_refuses_unsupported_tokenizers(fields):
 def test_no_torch_or_transformers_imported():
     script = (
         "import sys\n"
-        "from meshnet.gateway.tokenizer import GgufTokenizer\n"
-        "from meshnet.gateway.chat import render_chat\n"
+        "from meshnet.text.tokenizer import GgufTokenizer\n"
+        "from meshnet.text.chat import render_chat\n"
         "tok = GgufTokenizer.from_gguf(sys.argv[1])\n"
         "text = render_chat(tok.chat_template, [{'role': 'user', 'content': 'hi'}])\n"
         "assert tok.decode(tok.encode(text), skip_special=False) == text\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.gateway.chat import ChatTemplateError, render_chat
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.chat import ChatTemplateError, render_chat
+from meshnet.text.tokenizer import GgufTokenizer
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"])
 

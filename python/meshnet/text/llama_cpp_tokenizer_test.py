@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.gateway.llama_cpp_tokenizer import LlamaCppTokenizer, tokenizer_for
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.llama_cpp_tokenizer import LlamaCppTokenizer, tokenizer_for
+from meshnet.text.tokenizer import GgufTokenizer
 
 TOOL = Path(os.environ["MESHNET_TOKENIZE_BINARY"])
 SMOLLM2 = Path(os.environ["MESHNET_BUNDLED_GGUF"])

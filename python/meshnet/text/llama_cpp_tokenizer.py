@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from meshnet.gateway.tokenizer import GgufTokenizer
+from meshnet.text.tokenizer import GgufTokenizer
 
 
 class LlamaCppTokenizer:
