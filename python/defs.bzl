@@ -9,7 +9,11 @@ default argument (in the dict's order) and the label as data, so the two never d
 
 load("//python:rooms.bzl", "ROOMS", "room_of", "room_visibility")
 
-def meshnet_binary(name, main, deps, flags = {}, testonly = False):
+def meshnet_binary(name, main, deps = None, flags = {}, testonly = False):
+    # deps: by default the library named after main's package (//python/meshnet/gateway:main.py
+    # -> //python/meshnet/gateway).
+    if deps == None:
+        deps = [main.split(":")[0]]
     data = []
     for label in flags.values():
         if label not in data:
@@ -84,3 +88,47 @@ CERTIFY_VULKAN_TOOLS = {
 
 # Both: what //python:certify takes.
 CERTIFY_ALL_TOOLS = dict(CERTIFY_TOOLS, **CERTIFY_VULKAN_TOOLS)
+
+# The native tools and models the other commands of python/BUILD.bazel take, by command and flag.
+COMMAND_TOOLS = {
+    "swarm": {
+        "--gguf": "@smollm2//:gguf",
+        "--gemma3-gguf": "@gemma3//:gguf",
+        "--tokenize-binary": "//cpp/engine:tokenize",
+        "--vulkan-worker-binary": "//cpp/worker:worker_vulkan",
+        "--worker-binary": "//cpp/worker:worker",
+    },
+    "bench": {
+        "--gguf": "@smollm2//:gguf",
+        "--worker-binary": "//cpp/worker:worker",
+        "--vulkan-worker-binary": "//cpp/worker:worker_vulkan",
+        "--batched-bench": "@llama_cpp_upstream//:llama-batched-bench",
+        "--rpc-server": "@llama_cpp_upstream//:ggml-rpc-server",
+        "--quantize": "@llama_cpp_upstream//:llama-quantize",
+        "--dump-logits": "//cpp/engine:dump_logits",
+        "--dump-boundaries": "//cpp/engine:dump_boundaries",
+        "--calibration": "//docs:evidence/verification/calibration.json",
+    },
+    "soak": {
+        "--gguf": "@smollm2//:gguf",
+        "--worker-binary": "//cpp/worker:worker",
+    },
+    "bench_drift": {
+        "--gguf": "@smollm2//:gguf",
+        "--dump-logits": "//cpp/engine:dump_logits",
+    },
+    "verify_calibrate": {
+        "--gguf": "@smollm2//:gguf",
+        "--dump-boundaries": "//cpp/engine:dump_boundaries",
+        "--greedy": "//cpp/engine:greedy",
+        "--vulkan-dump-boundaries": "//cpp/engine:dump_boundaries_vulkan",
+        "--vulkan-greedy": "//cpp/engine:greedy_vulkan",
+        "--quantize": "@llama_cpp_upstream//:llama-quantize",
+    },
+    "verifier": {
+        "--gguf": "@smollm2//:gguf",
+        "--dump-boundaries": "//cpp/engine:dump_boundaries",
+        "--vulkan-dump-boundaries": "//cpp/engine:dump_boundaries_vulkan",
+        "--calibration": "//docs:evidence/verification/calibration.json",
+    },
+}

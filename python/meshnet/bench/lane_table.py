@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.bench.schema import Lane
-from meshnet.gateway.json_grammar import schema_grammar
+from meshnet.gateway.grammar.json_grammar import schema_grammar
 
 WAN_DELAYS_MS = (5, 10, 25)  # one-way delay per link in the proxy WAN lanes
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
@@ -169,7 +169,7 @@ TABLE: tuple[LaneSpec, ...] = (
                                reference_kernels=False), group="synthetic 8B"),
     # Issue 30: the bundled model's ring with every node on Vulkan (`--device vulkan0`), 1 node (the
     # whole model in one worker on the device) and 3. On lavapipe (no GPU) their speed is a cost of
-    # running the Vulkan code, never a GPU figure; tools/gpu_check.py measures real GPUs. Not run
+    # running the Vulkan code, never a GPU figure; tools/gpu_check/gpu_check.py measures real GPUs. Not run
     # by default: they need a worker linked with Vulkan and, on Mesa's lavapipe, take minutes for
     # what the CPU lanes do in seconds (named with --lanes).
     LaneSpec("gguf_ring_1_node_vulkan", "GGUF route, 1 node, ring decode, on vulkan0",

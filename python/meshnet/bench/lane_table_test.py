@@ -1,6 +1,6 @@
 """The lane table's invariants: unique names, a label and a runner for every lane, the derived
 lists consistent with it, and every lane docs/performance-contract.json names is one the bench
-reports (or one tools/gpu_check.py reports)."""
+reports (or one tools/gpu_check/gpu_check.py reports)."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import pytest
 from meshnet.bench import harness, lane_table
 from meshnet.bench.lane_table import BY_NAME, DEFAULT_LANES, LANES, RUNTIME_ONLY, SPECULATION_PAIRS, TABLE
 
-GPU_CHECK_LANES = {"gpu_single_process", "gpu_ring_3_nodes"}  # tools/gpu_check.py's contract figures
+GPU_CHECK_LANES = {"gpu_single_process", "gpu_ring_3_nodes"}  # tools/gpu_check/gpu_check.py's contract figures
 
 
 def test_names_are_unique_and_lane_shaped():
@@ -51,7 +51,7 @@ def test_unknown_lane_is_refused_with_the_table(capsys):
 
 def unreported(contract: dict, lanes: tuple[str, ...]) -> set[str]:
     """The lanes contract checks name that harness.contract_figures does not report when every
-    one of `lanes` ran, less those tools/gpu_check.py measures."""
+    one of `lanes` ran, less those tools/gpu_check/gpu_check.py measures."""
     named = {check[key] for check in contract["checks"] for key in ("lane", "baseline_lane") if key in check}
     cell = {"prompt_tokens": 128, "concurrency": 1, "decode_tok_s": 1.0}
     results = {"meta": {"prompts": [128]}, "lanes": {name: {"available": True, "cells": [cell]} for name in lanes},

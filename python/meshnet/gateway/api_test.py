@@ -1,6 +1,6 @@
 """The gateway's HTTP API against a test fake of the swarm (FakeSwarmBackend) and a test fake
 tokenizer (one token per byte): every error row of issue 15, OpenAI framing, keys and slots.
-The live swarm is tests/gateway_test.py's business; this runs a real uvicorn on a real socket.
+The live swarm is tests/gateway/gateway_test.py's business; this runs a real uvicorn on a real socket.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import copy
 from typing import Any, Optional
 
 from meshnet.gateway.errors import bad_request
-from meshnet.gateway.json_grammar import MAX_PROPERTIES, SchemaRefused, json_object_grammar, schema_grammar
+from meshnet.gateway.grammar.json_grammar import MAX_PROPERTIES, SchemaRefused, json_object_grammar, schema_grammar
 from meshnet.gateway.tool_calls import MAX_TOOL_CALLS, ToolCallFamily
 from meshnet.gateway.tool_request import MAX_TOOLS
 

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from meshnet.gateway import json_grammar_matcher as gbnf
+from meshnet.gateway.grammar import json_grammar_matcher as gbnf
 from meshnet.gateway.constrained import grammar_for, response_format_grammar, tool_call_grammar
 from meshnet.gateway.errors import ApiError
-from meshnet.gateway.json_grammar import json_object_grammar
+from meshnet.gateway.grammar.json_grammar import json_object_grammar
 from meshnet.gateway.tool_calls import ToolCallFamily, parse_tool_calls
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from meshnet.gateway.constrained import tool_call_grammar
-from meshnet.gateway.json_grammar import json_object_grammar, schema_grammar
-from meshnet.gateway.json_grammar_cases import (NAMES, STRICT, STRICT_INVALID, STRICT_VALID, Ticket, fan_out, forms,
+from meshnet.gateway.grammar.json_grammar import json_object_grammar, schema_grammar
+from meshnet.gateway.grammar.json_grammar_cases import (NAMES, STRICT, STRICT_INVALID, STRICT_VALID, Ticket, fan_out, forms,
                                                 ticket_invalid, ticket_variants)
 from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.gateway.tool_calls import ToolCallFamily

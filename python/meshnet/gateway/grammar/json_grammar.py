@@ -42,7 +42,7 @@ import math
 import re
 from typing import Any, Optional, Union
 
-from meshnet.gateway.gbnf_text import BUILTINS, QUOTE, SEP, json_text, literal, other_key
+from meshnet.gateway.grammar.gbnf_text import BUILTINS, QUOTE, SEP, json_text, literal, other_key
 
 MAX_SCHEMA_BYTES = 64 << 10  # the schema as compact UTF-8 JSON
 MAX_SCHEMA_DEPTH = 16  # objects and arrays nested, the schema itself depth 1 (as tool_request's)

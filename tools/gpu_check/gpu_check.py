@@ -10,7 +10,7 @@ cost, not a speed), from binaries Bazel built, for each device named:
   ratio and the per-hop overhead ((3-node ms/token - 1-node ms/token) / 2, the same compute in
   both) are what docs/performance-contract.json's gpu_* checks read.
 
-  tools/bazel run //tools:gpu_check -- --out /abs/gpu-check.json [--devices vulkan0,cuda0]
+  tools/bazel run //tools/gpu_check:gpu_check -- --out /abs/gpu-check.json [--devices vulkan0,cuda0]
       [--cuda-worker /abs/worker_cuda --cuda-greedy /abs/greedy_cuda] [--tokens 64]
 
 Writes one JSON object (each device's results, the machine, the commit) and exits 1 when any

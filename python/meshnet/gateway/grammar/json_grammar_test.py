@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from meshnet.gateway import json_grammar_matcher as gbnf
-from meshnet.gateway.json_grammar_cases import (NAMES, STRICT, STRICT_INVALID, STRICT_VALID, Ticket, deep_list,
+from meshnet.gateway.grammar import json_grammar_matcher as gbnf
+from meshnet.gateway.grammar.json_grammar_cases import (NAMES, STRICT, STRICT_INVALID, STRICT_VALID, Ticket, deep_list,
                                                 fan_in, fan_out, forms, nested, ticket_invalid, ticket_variants)
-from meshnet.gateway.gbnf_text import MAX_INDENT
-from meshnet.gateway.json_grammar import (
+from meshnet.gateway.grammar.gbnf_text import MAX_INDENT
+from meshnet.gateway.grammar.json_grammar import (
     MAX_ENUM_VALUES,
     MAX_LEFTMOST_PATHS,
     MAX_PROPERTIES,
