@@ -61,7 +61,7 @@ def test_gguf_route_matches_single_process_llama_cpp(swarm, tracker, tokenizer, 
 def test_ledger_holds_every_hops_tokens(swarm, tokenizer):
     """After the parity test: each hop processed 5 prompts' prefill and 63 decode steps each;
     the nodes report them through the tracker into its ledger within a few heartbeats."""
-    from meshnet.tracker.ledger import Ledger
+    from meshnet.tracker.ledger.ledger import Ledger
 
     prefill = sum(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
     expected = {"first": (prefill, 5 * (TOKENS - 1)), "middle": (prefill, 5 * (TOKENS - 1)),

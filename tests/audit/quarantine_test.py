@@ -27,7 +27,7 @@ import pytest
 from meshnet.client.session import GenerationParams, RouteClient
 from meshnet.identity.keys import Identity
 from meshnet.swarm.local import LocalSwarm
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.verify import verifier
 from audit_cases import gguf, q4_0, replayers, tokenizer, tolerance  # noqa: F401 (fixtures)
 from route_cases import MORE_PROMPTS, PROMPTS
@@ -50,8 +50,8 @@ def swarm_with(tmp: Path, gguf: Path, rate: float, seed: int, replicas: bool) ->
     swarm.tracker.audit_rate, swarm.tracker.audit_seed = rate, seed
     Ledger(swarm.tracker.db).close()
     for key in VERIFIERS:
-        subprocess.run([sys.executable, "-m", "meshnet.tracker.principals", "enroll", "--db", str(swarm.tracker.db),
-                        "verifier", key.public_key.hex()], check=True, capture_output=True,
+        subprocess.run([sys.executable, "-m", "meshnet.tracker.ledger.principals", "enroll", "--db",
+                        str(swarm.tracker.db), "verifier", key.public_key.hex()], check=True, capture_output=True,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     swarm.start()
     try:

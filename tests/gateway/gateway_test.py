@@ -31,7 +31,7 @@ from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.gateway import GatewayProcess
 from meshnet.swarm.local import LocalSwarm
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger.ledger import Ledger
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()

@@ -13,7 +13,7 @@ import time
 import grpc
 
 from meshnet.identity.keys import Identity
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import RouteSession
 from tracker_process import TrackerProcess

@@ -29,8 +29,8 @@ from meshnet.recipe.certify import certify
 from meshnet.reference.model import load_tokenizer
 from meshnet.swarm.local import LocalSwarm
 from meshnet.swarm.replicated import ReplicatedTrackers
-from meshnet.tracker.etcd_cluster import cluster_or_skip
-from meshnet.tracker.postgres_server import server_or_skip
+from meshnet.tracker.ledger.postgres_server import server_or_skip
+from meshnet.tracker.store.etcd_cluster import cluster_or_skip
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId
 from meshnet.wire.status import StatusCode

@@ -18,7 +18,7 @@ import pytest
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId
 from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession

@@ -44,7 +44,7 @@ import psutil
 from meshnet.identity.keys import Identity
 from meshnet.process import log
 from meshnet.swarm.local import TrackerProcess
-from meshnet.tracker.etcd_cluster import EtcdCluster
+from meshnet.tracker.store.etcd_cluster import EtcdCluster
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion
 from meshnet.wire.status import StatusCode

@@ -93,9 +93,9 @@ class Sampler:
                 top.f_code.co_filename, top.f_lineno):
             return "registry_lock_wait", holding
         names = [(f.f_code.co_filename, f.f_code.co_name) for f in stack]
-        if any(path.endswith("tracker/etcd_client.py") and name == "wait_for" for path, name in names):
+        if any(path.endswith("tracker/store/etcd_client.py") and name == "wait_for" for path, name in names):
             return "etcd_watch_wait", holding
-        if any(path.endswith("tracker/etcd_client.py") and name == "call" for path, name in names):
+        if any(path.endswith("tracker/store/etcd_client.py") and name == "call" for path, name in names):
             return "etcd_request", holding
         if any("/tracker/ledger" in path for path, _ in names):
             return "ledger", holding  # the work ledger (SQLite: mostly waiting on its commits)

@@ -30,7 +30,7 @@ import requests
 
 from meshnet.identity.keys import Identity
 from meshnet.swarm.local import TrackerProcess
-from meshnet.tracker.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE
+from meshnet.tracker.ledger.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import StatusCode
 

@@ -41,7 +41,7 @@ from meshnet.identity.keys import Identity, verify
 from meshnet.process import log
 from meshnet.protocol import commitments
 from meshnet.protocol.errors import ProtocolError
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.registry import Registry
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, RouteSession

@@ -15,7 +15,7 @@ from meshnet.identity.keys import Identity, verify
 from meshnet.protocol.commitments import COMMITMENTS_DOMAIN
 from meshnet.shard.v1 import shard_pb2
 from meshnet.tracker.audits import MAX_EVIDENCE_CHARS, MAX_IN_FLIGHT_PER_VERIFIER, MAX_REFUTATION_COMMITMENTS, Audits
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, RouteSession

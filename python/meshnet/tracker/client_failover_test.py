@@ -13,10 +13,10 @@ import grpc
 import pytest
 
 from meshnet.identity.keys import Identity
-from meshnet.protocol.tracker_client import MAX_TRACKERS, TrackerClient, tracker_addresses
-from meshnet.tracker.ledger import Ledger
-from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.identity.roles import new_role_tokens
+from meshnet.protocol.tracker_client import MAX_TRACKERS, TrackerClient, tracker_addresses
+from meshnet.tracker.ledger.ledger import Ledger
+from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import serve
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion

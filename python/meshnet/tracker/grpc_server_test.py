@@ -13,12 +13,12 @@ import pytest
 
 from meshnet.identity.keys import Identity
 from meshnet.identity.requests import TOKEN_METADATA
+from meshnet.identity.roles import new_role_tokens
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.tracker.grpc_server import SERVICE, ServerLimits, peer_address
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.identity.roles import new_role_tokens
 from meshnet.tracker.service import serve
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion

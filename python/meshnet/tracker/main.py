@@ -3,13 +3,13 @@
 
 The work ledger is a SQLite file (`--db PATH`, created if missing: one tracker) or a PostgreSQL
 database (`--ledger postgresql://USER@HOST:PORT/DATABASE`), which every tracker of a replicated
-control plane is given, each report counted once whichever tracker it reaches (ledger_postgres.py).
+control plane is given, each report counted once whichever tracker it reaches (ledger/ledger_postgres.py).
 
 --roles-file is a JSON object mapping roles ("node", "client", "gateway", "verifier") to their
 bearer tokens (never from argv, which other users can read). --ticket-key holds the Ed25519
 key that signs route tickets (created 0600 when absent). --models is a JSON list of certified
 models (see docs/operating.md, "Tracker"). `--http-listen HOST:PORT` (off by default) also serves the
-read-only /metrics, /status and /status.json (tracker/web.py says what they reveal); `--relay
+read-only /metrics, /status and /status.json (tracker/web/web.py says what they reveal); `--relay
 HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sends a node the
 tracker cannot reach to a relay. `--audit-rate` (default 0.05) of closed route sessions are
 queued for the verifier role (ADR 0008); a hop is quarantined when `--audit-quorum` (default 2)
@@ -17,7 +17,7 @@ verifier keys refute it (ADR 0016), and the ledger, the quarantine's record, is 
 QUARANTINE_SYNC_SECONDS (an operator's `ledger release NODE_ID` takes effect). Every calling
 key is a principal with quotas (`--max-routes-per-principal`, `--failure-reports-per-minute`);
 for the roles in `--enrolled-roles` only keys the operator enrolled in the ledger are served
-(`python -m meshnet.tracker.principals enroll ROLE KEY`, read again every
+(`python -m meshnet.tracker.ledger.principals enroll ROLE KEY`, read again every
 QUARANTINE_SYNC_SECONDS; ADR 0017). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
 sessions, bans and the quarantine in etcd under `--etcd-prefix`, shared by every tracker given
 the same cluster and prefix (ADR 0011); without it the state is in memory (one tracker).
@@ -33,20 +33,21 @@ import json
 from pathlib import Path
 
 from meshnet.identity.keys import Identity
+from meshnet.identity.roles import ROLES
 from meshnet.process import log, stop_on_signals, write_port_file
 from meshnet.relay.server import RelayServer
-from meshnet.tracker import etcd_client, web
 from meshnet.tracker.audits import DEFAULT_QUORUM, DEFAULT_RATE, Audits
-from meshnet.tracker.etcd_store import DEFAULT_PREFIX, EtcdStore
-from meshnet.tracker.ledger import Ledger
-from meshnet.tracker.ledger_postgres import is_postgres_url
+from meshnet.tracker.ledger.ledger import Ledger
+from meshnet.tracker.ledger.ledger_postgres import is_postgres_url
+from meshnet.tracker.ledger.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE, DEFAULT_MAX_ROUTES, Principals
 from meshnet.tracker.metrics import TrackerMetrics
-from meshnet.tracker.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE, DEFAULT_MAX_ROUTES, Principals
-from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.probe import health_fails
-from meshnet.identity.roles import ROLES
+from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import TICKET_SECONDS, serve
-from meshnet.tracker.state_store import StoreError
+from meshnet.tracker.store import etcd_client
+from meshnet.tracker.store.etcd_store import DEFAULT_PREFIX, EtcdStore
+from meshnet.tracker.store.state_store import StoreError
+from meshnet.tracker.web import web
 
 QUARANTINE_SYNC_SECONDS = 5.0  # how often the ledger's quarantines and enrolments are read
 
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
                         "credit withheld (ADR 0016)")
     parser.add_argument("--enrolled-roles", default="", metavar="ROLE,...",
                         help="roles whose keys must be enrolled in the ledger (client, gateway, verifier; "
-                        "python -m meshnet.tracker.principals enroll); default none: any key with the role's token")
+                        "python -m meshnet.tracker.ledger.principals enroll); default none: any key with the role's "
+                        "token")
     parser.add_argument("--max-routes-per-principal", type=int, default=DEFAULT_MAX_ROUTES,
                         help="routes one key may hold open at once, unless its enrolment names its own quota")
     parser.add_argument("--failure-reports-per-minute", type=int, default=DEFAULT_FAILURE_REPORTS_PER_MINUTE,
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         write_port_file(args.relay_port_file, relay.port)
     stop = stop_on_signals()  # before the port file: a launcher may signal as soon as it sees it
     write_port_file(args.port_file, port)
-    # The ledger is the record of quarantines (an operator's release) and enrolments (principals.py).
+    # The ledger is the record of quarantines (an operator's release) and enrolments (ledger/principals.py).
     while not stop.wait(QUARANTINE_SYNC_SECONDS):
         try:
             registry.sync_quarantine(ledger.quarantined())

@@ -2,7 +2,7 @@
 so tests can run several in one process).
 
 service.py increments the counters from gRPC threads (prometheus_client metrics are
-thread-safe); `collect()` runs on each scrape (tracker/web.py) and reads the registry's snapshot
+thread-safe); `collect()` runs on each scrape (tracker/web/web.py) and reads the registry's snapshot
 and the ledger's totals. Series (all prefixed meshnet_):
   tracker_route_opens_total{model,code}        OpenRoute answers by status code
   tracker_failovers_total{code}                ReportFailure answers (OK: a new epoch and route)
@@ -32,8 +32,8 @@ from typing import Callable, Iterator, Optional
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from meshnet.tracker.ledger import ClientTotals, Ledger, NodeTotals
-from meshnet.tracker.ledger_store import LedgerUnavailable
+from meshnet.tracker.ledger.ledger import ClientTotals, Ledger, NodeTotals
+from meshnet.tracker.ledger.ledger_store import LedgerUnavailable
 from meshnet.tracker.registry import Registry
 from meshnet.tracker.snapshot import STATES, UNCERTIFIED, RegistrySnapshot
 

@@ -13,12 +13,12 @@ from concurrent import futures
 import grpc
 
 from meshnet.identity.keys import Identity
+from meshnet.identity.roles import new_role_tokens
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
-from meshnet.tracker.ledger import Ledger
+from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.probe import PROBE_TIMEOUT_S, health_fails
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.identity.roles import new_role_tokens
 from meshnet.tracker.service import serve
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion

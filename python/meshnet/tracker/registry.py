@@ -2,8 +2,8 @@
 epochs, bans.
 
 Called by service.py (gRPC threads) and by tests directly; it is safe to share. The state itself
-is in a `TrackerStore` (state_store.py, thread-safe): in memory by default, or shared with other
-trackers on etcd (etcd_store.py, ADR 0011), where a route session's epoch is advanced by
+is in a `TrackerStore` (store/state_store.py, thread-safe): in memory by default, or shared with other
+trackers on etcd (store/etcd_store.py, ADR 0011), where a route session's epoch is advanced by
 compare-and-swap, so that of two trackers advancing one session at once, one wins and the other
 answers STALE_EPOCH. The registry's lock guards the decisions made over several reads: route
 choice with capacity, and failure reports. OpenRoute plans under it and reserves the plan
@@ -20,9 +20,9 @@ its client renews it (or reports on it) within `route_lease_seconds`, it expires
 capacity returns. A route only enters a GGUF node at its registered start (the worker cannot run
 from an effective start); reference nodes may be entered at any layer they serve. A route keeps
 the client_id it was opened with across epochs (the ledger attributes its work to it).
-`snapshot()` is a bounded, read-only copy for the status page and metrics (tracker/web.py).
+`snapshot()` is a bounded, read-only copy for the status page and metrics (tracker/web/web.py).
 Size: over 400 lines, because its invariants span nodes, leases and routes together; route choice
-itself is in routing.py, state keeping in state_store.py.
+itself is in routing.py, state keeping in store/state_store.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from meshnet.recipe import fingerprint
 from meshnet.recipe.adapters import has_adapter
 from meshnet.tracker import routing
 from meshnet.tracker import snapshot as snap
-from meshnet.tracker.state_store import EmbeddedStore, NodeRecord, SessionRecord, TrackerStore
+from meshnet.tracker.store.state_store import EmbeddedStore, NodeRecord, SessionRecord, TrackerStore
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId, SessionId
 from meshnet.wire.seam import RouteSession
@@ -145,7 +145,7 @@ class Registry:
         finds a reported node failing (its own Health probe, tracker/probe.py), called outside
         the lock; only then does a failure report ban the node (issue 35, finding 3). The
         default takes every report on trust. `route_quota(caller)`: how many routes one
-        principal may hold open at once (tracker/principals.py, ADR 0017)."""
+        principal may hold open at once (tracker/ledger/principals.py, ADR 0017)."""
         self._models = {m.model: m for m in models}
         self._store: TrackerStore = store if store is not None else EmbeddedStore(clock)
         for node_id in set(quarantined) - self._store.quarantined():

@@ -13,13 +13,13 @@ import pytest
 
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
-from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.tracker.etcd_cluster import cluster_or_skip
-from meshnet.tracker.etcd_store import EtcdStore
-from meshnet.tracker.ledger import Ledger
-from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.identity.roles import new_role_tokens
+from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.tracker.ledger.ledger import Ledger
+from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import serve
+from meshnet.tracker.store.etcd_cluster import cluster_or_skip
+from meshnet.tracker.store.etcd_store import EtcdStore
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession
 from meshnet.wire.status import StatusCode

@@ -6,7 +6,7 @@ but TrackerKey is authenticated before it is handled (ADR 0003): the bearer toke
 role allowed for the method (PERMISSION_DENIED otherwise, UNAUTHENTICATED for no known token),
 and the request must be signed by the caller's Ed25519 key (UNAUTHENTICATED otherwise); the
 verified key is the principal the registry acts for, and for a role the operator enrolls by key
-it must be enrolled (PERMISSION_DENIED otherwise; principals.py, ADR 0017), whose quotas it
+it must be enrolled (PERMISSION_DENIED otherwise; ledger/principals.py, ADR 0017), whose quotas it
 spends. Route replies carry a ticket per hop, signed with the tracker's ticket key, and every
 issued (session, epoch, node) triple is recorded in the ledger, with the route's client_id,
 before the reply leaves, so work is accepted only for it. Every answer is counted in the
@@ -32,14 +32,14 @@ from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.audits import Audits
 from meshnet.tracker.grpc_server import Refused, ServerLimits, TrackerServer
-from meshnet.tracker.ledger import Ledger, WorkRefused
+from meshnet.tracker.ledger.ledger import Ledger, WorkRefused
+from meshnet.tracker.ledger.principals import Principals
 from meshnet.tracker.metrics import TrackerMetrics
-from meshnet.tracker.principals import Principals
 from meshnet.tracker.registry import MAX_EXPECTED_TOKENS, Registry
-from meshnet.tracker.state_store import StoreError
+from meshnet.tracker.store.state_store import StoreError
 from meshnet.wire import seam as st
-from meshnet.wire.seam import RouteSession
 from meshnet.wire import tracker as tt
+from meshnet.wire.seam import RouteSession
 from meshnet.wire.status import Status, StatusCode
 
 _NODE, _ROUTES, _ANY = frozenset({"node"}), frozenset({"client", "gateway"}), frozenset(ROLES)
@@ -318,7 +318,7 @@ def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[
     # the tracker there (else UNAVAILABLE: it should come back through a relay).
     # audits: the sampled audits the verifier role takes and reports (ADR 0008); None: off.
     # limits: the server's bounds (grpc_server.py).
-    # principals: enrolled keys and per-principal quotas (principals.py); None: none enrolled, default quotas.
+    # principals: enrolled keys and per-principal quotas (ledger/principals.py); None: none enrolled, default quotas.
     service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics, check_reachability,
                              audits, principals)
     server = TrackerServer(service, METHOD_ROLES, listen, tls, limits or ServerLimits())

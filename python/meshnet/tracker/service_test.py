@@ -15,13 +15,13 @@ import grpc
 import pytest
 
 from meshnet.identity.keys import Identity
-from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.tracker.ledger import Ledger
-from meshnet.tracker.principals import Enrolment, Principals
-from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.identity.roles import new_role_tokens
+from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.tracker.ledger.ledger import Ledger
+from meshnet.tracker.ledger.principals import Enrolment, Principals
+from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import serve
-from meshnet.tracker.state_store import EmbeddedStore
+from meshnet.tracker.store.state_store import EmbeddedStore
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion
 from meshnet.wire.status import StatusCode

@@ -1,4 +1,4 @@
-"""A read-only, bounded copy of the registry for the status page and the metrics (tracker/web.py).
+"""A read-only, bounded copy of the registry for the status page and the metrics (tracker/web/web.py).
 
 Built by `Registry.snapshot()` under the registry's lock from its live state; pure otherwise.
 It holds no secrets: no keys, certificates, tickets or full route session ids (a route shows an

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from meshnet.identity.keys import Identity
-from meshnet.tracker.ledger import Ledger
-from meshnet.tracker.ledger_fixtures import db, postgres  # noqa: F401 (pytest fixtures)
-from meshnet.tracker.principals import (DEFAULT_MAX_ROUTES, MAX_ROUTES_LIMIT, Enrolment, Principals, main,
+from meshnet.tracker.ledger.ledger import Ledger
+from meshnet.tracker.ledger.ledger_fixtures import db, postgres  # noqa: F401 (pytest fixtures)
+from meshnet.tracker.ledger.principals import (DEFAULT_MAX_ROUTES, MAX_ROUTES_LIMIT, Enrolment, Principals, main,
                                         public_key_of, validate)
 
 ALICE, BOB = Identity.generate().public_key, Identity.generate().public_key

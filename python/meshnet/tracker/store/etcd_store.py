@@ -41,9 +41,9 @@ import uuid
 from typing import Callable, Optional, Sequence
 
 from meshnet.process import log
-from meshnet.tracker import etcd_client as ec
-from meshnet.tracker import store_codec as codec
-from meshnet.tracker.state_store import NodeRecord, SessionRecord, StoreError, ban_seconds, check_advance
+from meshnet.tracker.store import etcd_client as ec
+from meshnet.tracker.store import store_codec as codec
+from meshnet.tracker.store.state_store import NodeRecord, SessionRecord, StoreError, ban_seconds, check_advance
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId, SessionId
 

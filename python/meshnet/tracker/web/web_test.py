@@ -15,14 +15,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshnet.identity.keys import Identity
+from meshnet.identity.roles import new_role_tokens
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.tracker import web
-from meshnet.tracker.ledger import Ledger
-from meshnet.tracker.ledger_store import LedgerUnavailable
+from meshnet.tracker.ledger.ledger import Ledger
+from meshnet.tracker.ledger.ledger_store import LedgerUnavailable
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.identity.roles import new_role_tokens
 from meshnet.tracker.service import serve
+from meshnet.tracker.web import web
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, ProtocolVersion
 

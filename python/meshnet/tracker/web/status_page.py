@@ -1,5 +1,5 @@
 """The tracker's swarm status page: one self-refreshing HTML page from a registry snapshot and
-the ledger's totals (served by tracker/web.py at /status).
+the ledger's totals (served by tracker/web/web.py at /status).
 
 It shows a coverage map per certified model (a row of replica counts per layer, gaps in red,
 and one row per node showing the layers it serves, coloured by state), the node table (range,

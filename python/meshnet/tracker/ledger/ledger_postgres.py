@@ -29,8 +29,8 @@ from typing import Callable, Optional, TypeVar
 import psycopg
 import psycopg.errors
 
-from meshnet.tracker import ledger_schema
-from meshnet.tracker.ledger_store import LedgerUnavailable, Sql
+from meshnet.tracker.ledger import ledger_schema
+from meshnet.tracker.ledger.ledger_store import LedgerUnavailable, Sql
 
 T = TypeVar("T")
 

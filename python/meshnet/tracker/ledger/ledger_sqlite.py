@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from meshnet.tracker import ledger_schema
-from meshnet.tracker.ledger_store import Sql
+from meshnet.tracker.ledger import ledger_schema
+from meshnet.tracker.ledger.ledger_store import Sql
 
 T = TypeVar("T")
 

@@ -15,14 +15,14 @@ Quotas, per principal, enrolled or not:
     open if that is more (a gateway's many routes fail over together when a hop dies);
     RESOURCE_EXHAUSTED past them, and the report is not acted on;
   - renewals need the route's traffic (ADR 0016), audits in flight are capped per verifier key
-    (audits.py), and node registrations are one per node key, within the dark-node cap (registry).
+    (tracker/audits.py), and node registrations are one per node key, within the dark-node cap (registry).
 Node keys are not enrolled here: a node's key is its node id, admitted by its certified recipe.
 
-Called by service.py (gRPC threads, any thread: one lock) and by tracker/main.py (sync).
+Called by tracker/service.py (gRPC threads, any thread: one lock) and by tracker/main.py (sync).
 Command line (the operator's, on the tracker's ledger):
-  python -m meshnet.tracker.principals (--db tracker.db | --ledger postgresql://...) \\
+  python -m meshnet.tracker.ledger.principals (--db tracker.db | --ledger postgresql://...) \\
       enroll ROLE KEY [--name NAME] [--max-routes N] | revoke KEY | list
-  python -m meshnet.tracker.principals show-key IDENTITY.pem   (prints the key to enroll)
+  python -m meshnet.tracker.ledger.principals show-key IDENTITY.pem   (prints the key to enroll)
 KEY is the 64-hex-digit public key, or a file holding the principal's identity (PEM).
 """
 
@@ -117,7 +117,7 @@ class Principals:
             if (role, key) in self._enrolled:
                 return None
         return (f"key {keys.principal(key)} is not enrolled as a {role} on this tracker; the operator enrolls it "
-                f"with: python -m meshnet.tracker.principals enroll {role} {key.hex()}")
+                f"with: python -m meshnet.tracker.ledger.principals enroll {role} {key.hex()}")
 
     def route_quota(self, key: bytes) -> int:
         """How many routes `key` may hold open at once: its largest enrolment's, else the default."""
@@ -164,7 +164,7 @@ def _listed(e: Enrolment) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from meshnet.tracker.ledger import add_location_arguments, open_ledger  # the CLI only
+    from meshnet.tracker.ledger.ledger import add_location_arguments, open_ledger  # the CLI only
 
     parser = argparse.ArgumentParser(description="Enroll, revoke and list the tracker's principals (ADR 0017).")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
-from meshnet.tracker.state_store import StoreUnavailable
+from meshnet.tracker.store.state_store import StoreUnavailable
 
 T = TypeVar("T")
 

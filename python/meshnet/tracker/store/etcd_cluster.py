@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from meshnet.tracker.etcd_client import EtcdClient, EtcdTls
+from meshnet.tracker.store.etcd_client import EtcdClient, EtcdTls
 
 START_TIMEOUT_S = 20.0  # all members healthy
 HEALTH_TIMEOUT_S = 1.0  # one /health request

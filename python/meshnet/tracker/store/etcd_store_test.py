@@ -14,12 +14,12 @@ import uuid
 import pytest
 
 from meshnet.identity.keys import Identity
-from meshnet.tracker import etcd_client as ec
-from meshnet.tracker import store_codec
-from meshnet.tracker.etcd_cluster import cluster_or_skip
-from meshnet.tracker.etcd_store import EtcdStore
 from meshnet.tracker.registry import CertifiedModel, Registry
-from meshnet.tracker.state_store import RecordTooLarge, SessionRecord, StoreUnavailable
+from meshnet.tracker.store import etcd_client as ec
+from meshnet.tracker.store import store_codec
+from meshnet.tracker.store.etcd_cluster import cluster_or_skip
+from meshnet.tracker.store.etcd_store import EtcdStore
+from meshnet.tracker.store.state_store import RecordTooLarge, SessionRecord, StoreUnavailable
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import SessionId
 from meshnet.wire.seam import Fingerprints, RouteSession

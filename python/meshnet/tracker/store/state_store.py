@@ -1,6 +1,6 @@
 """The tracker state that replicated trackers share, behind one interface, and its embedded default.
 
-`Registry` (registry.py) keeps its decisions (admission, routing, who may do what) and reads and
+`Registry` (tracker/registry.py) keeps its decisions (admission, routing, who may do what) and reads and
 writes through a `TrackerStore`: node records with leases, route-session records with epochs and
 leases, bans and the quarantine. Two implementations: `EmbeddedStore` here (in memory, one
 process: the default, today's behaviour exactly) and `EtcdStore` (etcd_store.py: several trackers

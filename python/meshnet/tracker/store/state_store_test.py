@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from meshnet.identity.keys import Identity
-from meshnet.tracker.etcd_cluster import cluster_or_skip
-from meshnet.tracker.state_store import EmbeddedStore, NodeRecord, SessionRecord
+from meshnet.tracker.store.etcd_cluster import cluster_or_skip
+from meshnet.tracker.store.state_store import EmbeddedStore, NodeRecord, SessionRecord
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId, SessionId
 from meshnet.wire.seam import Fingerprints
@@ -69,7 +69,7 @@ def harness(request):
         clock = FakeClock()
         yield Harness(EmbeddedStore(clock), clock)
         return
-    from meshnet.tracker.etcd_store import EtcdStore
+    from meshnet.tracker.store.etcd_store import EtcdStore
 
     cluster = request.getfixturevalue("etcd")
     store = EtcdStore(cluster.endpoints, f"/test-{uuid.uuid4().hex[:8]}/")
@@ -115,7 +115,7 @@ def test_a_node_lives_while_its_lease_does(harness):
 
 
 def test_records_written_before_devices_read_back_without_one():
-    from meshnet.tracker import store_codec
+    from meshnet.tracker.store import store_codec
 
     record = node()
     value = store_codec.load(store_codec.node_value(record))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import datetime
 
 from meshnet.tracker import snapshot as snap
-from meshnet.tracker.ledger import ClientTotals, NodeTotals
+from meshnet.tracker.ledger.ledger import ClientTotals, NodeTotals
 from meshnet.tracker.metrics import LedgerView
-from meshnet.tracker.status_page import MAX_COLUMNS, coverage_map, render
+from meshnet.tracker.web.status_page import MAX_COLUMNS, coverage_map, render
 from meshnet.wire import tracker as tt
 
 NOW = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)

@@ -29,8 +29,8 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from meshnet.tracker import snapshot as snap
-from meshnet.tracker import status_page
 from meshnet.tracker.metrics import TrackerMetrics
+from meshnet.tracker.web import status_page
 from meshnet.webserver import WebServer
 
 _HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}

@@ -1,11 +1,11 @@
 """The durable work ledger: tokens processed per (session, epoch, node), for billing and attribution.
 
-Called by service.py: `issue` when a route epoch is handed out, `record` for ReportWork; by
-audits.py for verdicts; by the tracker's web endpoints (web.py, metrics.py) for totals; and from
-the command line:
-  python -m meshnet.tracker.ledger (--db tracker.db | --ledger postgresql://...) totals [by-node | by-client]
-  python -m meshnet.tracker.ledger (--db tracker.db | --ledger postgresql://...) release NODE_ID
-It also keeps the operator's enrolled principals (tracker/principals.py, ADR 0017): the accounts
+Called by tracker/service.py: `issue` when a route epoch is handed out, `record` for ReportWork;
+by tracker/audits.py for verdicts; by the tracker's web endpoints (tracker/web/web.py,
+tracker/metrics.py) for totals; and from the command line:
+  python -m meshnet.tracker.ledger.ledger (--db tracker.db | --ledger postgresql://...) totals [by-node | by-client]
+  python -m meshnet.tracker.ledger.ledger (--db tracker.db | --ledger postgresql://...) release NODE_ID
+It also keeps the operator's enrolled principals (tracker/ledger/principals.py, ADR 0017): the accounts
 that quotas and billing attach to live beside the bill.
 Each issued triple carries the route's client_id (as its opener named it: a gateway opens routes
 as "key:<API key name>"), so work is attributed per node and per client.
@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from meshnet.tracker.ledger_postgres import PostgresLedgerStore, is_postgres_url
-from meshnet.tracker.ledger_sqlite import SqliteLedgerStore
-from meshnet.tracker.principals import Enrolment
-from meshnet.tracker.ledger_store import LedgerStore, LedgerUnavailable, Sql
+from meshnet.tracker.ledger.ledger_postgres import PostgresLedgerStore, is_postgres_url
+from meshnet.tracker.ledger.ledger_sqlite import SqliteLedgerStore
+from meshnet.tracker.ledger.ledger_store import LedgerStore, LedgerUnavailable, Sql
+from meshnet.tracker.ledger.principals import Enrolment
 from meshnet.wire.status import StatusCode
 from meshnet.wire.tracker import WorkEntry
 

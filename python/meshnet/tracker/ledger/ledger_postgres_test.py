@@ -17,11 +17,11 @@ import psycopg.errors
 import pytest
 
 from meshnet.process import free_port
-from meshnet.tracker.ledger import Ledger, NodeTotals, WorkRefused
-from meshnet.tracker.ledger import main as ledger_main
-from meshnet.tracker.ledger_postgres import redacted
-from meshnet.tracker.ledger_store import LedgerUnavailable
-from meshnet.tracker.postgres_server import server_or_skip
+from meshnet.tracker.ledger.ledger import Ledger, NodeTotals, WorkRefused
+from meshnet.tracker.ledger.ledger import main as ledger_main
+from meshnet.tracker.ledger.ledger_postgres import redacted
+from meshnet.tracker.ledger.ledger_store import LedgerUnavailable
+from meshnet.tracker.ledger.postgres_server import server_or_skip
 from meshnet.wire.seam import RouteSession
 from meshnet.wire.status import StatusCode
 from meshnet.wire.tracker import WorkEntry

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshnet.tracker.postgres_server import server_or_skip
+from meshnet.tracker.ledger.postgres_server import server_or_skip
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Et
 from etcd3gw.utils import _increment_last_byte
 
 from meshnet.process import log
-from meshnet.tracker.state_store import StoreError, StoreUnavailable
+from meshnet.tracker.store.state_store import StoreError, StoreUnavailable
 
 REQUEST_TIMEOUT_S = 2.0  # one request to one member
 DEADLINE_S = 10.0  # all members, all rounds (an election after losing the leader takes ~1-3 s)

@@ -17,10 +17,10 @@ import time
 import psycopg
 import pytest
 
-from meshnet.tracker import ledger_schema
-from meshnet.tracker.ledger import ClientTotals, Ledger, NodeTotals, WorkRefused
-from meshnet.tracker.ledger import main as ledger_main
-from meshnet.tracker.ledger_fixtures import db, postgres  # noqa: F401 (pytest fixtures)
+from meshnet.tracker.ledger import ledger_schema
+from meshnet.tracker.ledger.ledger import ClientTotals, Ledger, NodeTotals, WorkRefused
+from meshnet.tracker.ledger.ledger import main as ledger_main
+from meshnet.tracker.ledger.ledger_fixtures import db, postgres  # noqa: F401 (pytest fixtures)
 from meshnet.wire.seam import RouteSession
 from meshnet.wire.status import StatusCode
 from meshnet.wire.tracker import WorkEntry

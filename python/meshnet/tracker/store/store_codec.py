@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any, Callable, Optional
 
-from meshnet.tracker.state_store import NodeRecord, RecordTooLarge, SessionRecord
+from meshnet.tracker.store.state_store import NodeRecord, RecordTooLarge, SessionRecord
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId
 from meshnet.wire.seam import Fingerprints
