@@ -21,8 +21,10 @@ capacity returns. A route only enters a GGUF node at its registered start (the w
 from an effective start); reference nodes may be entered at any layer they serve. A route keeps
 the client_id it was opened with across epochs (the ledger attributes its work to it).
 `snapshot()` is a bounded, read-only copy for the status page and metrics (tracker/web/web.py).
-Size: over 400 lines, because its invariants span nodes, leases and routes together; route choice
-itself is in routing.py, state keeping in store/state_store.py.
+Beside it, each a pure function of what the registry read: admission.py (what a registration
+must carry, how it is admitted), coverage.py (the Coverage reply), candidates.py (a node as a route
+candidate) and routing.py (route choice itself); certified.py holds the certified entries
+(`CertifiedModel`, re-exported here), store/state_store.py the state.
 """
 
 from __future__ import annotations
@@ -34,96 +36,22 @@ import uuid
 from typing import Callable, Iterable, Optional
 
 from meshnet.identity import keys
-from meshnet.recipe import fingerprint
-from meshnet.recipe.adapters import has_adapter
 from meshnet.tracker import routing
 from meshnet.tracker import snapshot as snap
+from meshnet.tracker.admission import MAX_ID_CHARS, MAX_SESSIONS, admit, validate_node
+from meshnet.tracker.candidates import longest_route, node_candidate, routable
+from meshnet.tracker.certified import CertifiedModel  # re-exported: callers import it from here
+from meshnet.tracker.coverage import coverage_reply
 from meshnet.tracker.store.state_store import EmbeddedStore, NodeRecord, SessionRecord, TrackerStore
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId, SessionId
 from meshnet.wire.seam import RouteSession
 from meshnet.wire.status import Status, StatusCode
 
-MAX_LAYERS = 4096
-MAX_SESSIONS = 1 << 16
-MAX_KV_TOKENS = 1 << 40
 MAX_EXPECTED_TOKENS = 1 << 24  # one session: prompt + new tokens
 MAX_CLOSES_KEPT = 1 << 16  # nodes whose last route close the registry remembers
-MAX_ID_CHARS = 128
-MAX_CERTIFICATE_CHARS = 8192
-MAX_RELAY_RTT_MS = 60_000.0
-# Coverage lists (nodes, dark and quarantined ids) hold at most this many entries, and each layer
-# names at most MAX_LAYER_NODE_IDS of its nodes: with MAX_CERTIFICATE_CHARS and MAX_LAYERS, a
-# reply stays under ~2 MiB, half gRPC's default message limit, whatever the swarm's size.
-MAX_COVERAGE_NODES = 128
-MAX_LAYER_NODE_IDS = 8
 MAX_DARK_NODES = 256  # live dark registrations in all (no certified model vouches for them)
 OK = Status(StatusCode.OK)
-
-
-@dataclasses.dataclass(frozen=True)
-class CertifiedModel:
-    model: str  # name clients ask for
-    architecture: str  # GGUF general.architecture
-    n_layer: int
-    artifact_fingerprint: str  # "sha256:<hex>" of the certified GGUF
-    recipe_fingerprint: str  # "sha256:<hex>" of the certified runtime recipe
-    # tensor name -> digest (meshnet.recipe.fingerprint): any range's expected fingerprint; an
-    # empty map (an entry certified before range checks) skips the range check
-    tensor_digests: dict = dataclasses.field(default_factory=dict)
-    # what //python:certify measured when it wrote the entry ({"suite", "passed", "checks", ...});
-    # empty for an entry made without the suite (the local test harness: --allow-uncertified)
-    certification: dict = dataclasses.field(default_factory=dict)
-    # the certified recipe's matmul activations, in clear ("" in an entry from before recipe 2):
-    # only to tell a refused node what to run; admission compares the fingerprint
-    matmul_activations: str = ""
-    # the compute backend the recipe names (ADR 0014), in clear for the same reason: "cpu" in an
-    # entry from before it
-    compute_backend: str = "cpu"
-    # the same artifact certified on other compute backends, each by its own suite run (ADR 0015):
-    # [{"compute_backend", "recipe_fingerprint", "matmul_activations", "certification"}]
-    other_backends: list = dataclasses.field(default_factory=list)
-    # a certified cross-backend agreement (ADR 0015): {"backends": [...], "certification": {...}};
-    # without one a route never mixes compute backends (the tracker loads only passed ones)
-    mixed_backends: dict = dataclasses.field(default_factory=dict)
-
-    def recipes(self) -> dict[str, str]:
-        """Every certified recipe fingerprint -> the compute backend it names."""
-        out = {self.recipe_fingerprint: self.compute_backend}
-        out.update({b["recipe_fingerprint"]: b["compute_backend"] for b in self.other_backends})
-        return out
-
-    def recipe_on(self, backend: str) -> tuple[str, str]:
-        """(recipe fingerprint, matmul activations) certified on `backend`, or ("", "")."""
-        if self.compute_backend == backend:
-            return self.recipe_fingerprint, self.matmul_activations
-        part = next((b for b in self.other_backends if b["compute_backend"] == backend), None)
-        return (part["recipe_fingerprint"], part["matmul_activations"]) if part else ("", "")
-
-    def hop_recipe(self, recipe_fingerprint: str) -> tt.HopRecipe:
-        """The certified recipe with this fingerprint, as an audit job names it per hop (ADR 0015);
-        empty fields for one the entry does not certify."""
-        if recipe_fingerprint == self.recipe_fingerprint:
-            return tt.HopRecipe(self.compute_backend, self.recipe_fingerprint, self.matmul_activations)
-        part = next((b for b in self.other_backends if b["recipe_fingerprint"] == recipe_fingerprint), None)
-        return (tt.HopRecipe(part["compute_backend"], recipe_fingerprint, part["matmul_activations"]) if part
-                else tt.HopRecipe("", "", ""))
-
-    def route_combinations(self) -> list[frozenset[str]]:
-        """The sets of compute backends one route may combine: each certified backend alone, and
-        the certified mix, if any."""
-        out = [frozenset([backend]) for backend in dict.fromkeys(self.recipes().values())]
-        if self.mixed_backends.get("backends"):
-            out.append(frozenset(self.mixed_backends["backends"]))
-        return out
-
-    def certifications(self) -> dict[str, dict]:
-        """Each certification this entry rests on, by what it certifies ("cpu", "vulkan", "mixed")."""
-        out = {self.compute_backend: self.certification}
-        out.update({b["compute_backend"]: b.get("certification", {}) for b in self.other_backends})
-        if self.mixed_backends:
-            out["mixed"] = self.mixed_backends.get("certification", {})
-        return out
 
 
 def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
@@ -193,7 +121,7 @@ class Registry:
     # ---- nodes ------------------------------------------------------------------------------
 
     def register(self, info: Optional[tt.NodeInfo], caller: bytes) -> tt.RegisterReply:
-        problem = _validate_node(info)
+        problem = validate_node(info)
         if problem:
             return tt.RegisterReply(_error(StatusCode.INVALID_ARGUMENT, problem), tt.Admission.REFUSED, problem)
         assert info is not None and info.layers is not None
@@ -201,7 +129,7 @@ class Registry:
             problem = (f"node {info.node_id!r} is not the id of the key that signed the request "
                        f"({keys.node_id(caller)}); a node registers only itself")
             return tt.RegisterReply(_error(StatusCode.PERMISSION_DENIED, problem), tt.Admission.REFUSED, problem)
-        admission, reason = self._admit(info)
+        admission, reason = admit(info, self._models)
         if admission == tt.Admission.REFUSED:
             return tt.RegisterReply(_error(StatusCode.FINGERPRINT_MISMATCH, reason), admission, reason)
         if admission == tt.Admission.DARK:
@@ -212,38 +140,6 @@ class Registry:
                                         problem)
         self._store.put_node(NodeRecord(info, admission, reason, last_heartbeat=self._clock()), self._lease)
         return tt.RegisterReply(OK, admission, reason, self.lease_ms)
-
-    def _admit(self, info: tt.NodeInfo) -> tuple[tt.Admission, str]:
-        if not has_adapter(info.architecture):
-            return tt.Admission.DARK, f"architecture {info.architecture!r} has no layer-range adapter; registered dark"
-        model = self._models.get(info.model)
-        if model is None:
-            return tt.Admission.REFUSED, f"model {info.model!r} has no certified recipe on this tracker"
-        fp = info.fingerprints
-        if info.architecture != model.architecture or info.n_layer != model.n_layer:
-            return tt.Admission.REFUSED, (f"model {info.model!r} is certified as {model.architecture} with "
-                                          f"{model.n_layer} layers; node says {info.architecture} with {info.n_layer}")
-        if fp is None or fp.model_artifact != model.artifact_fingerprint:
-            got = fp.model_artifact if fp else "none"
-            return tt.Admission.REFUSED, f"artifact fingerprint {got} != certified {model.artifact_fingerprint}"
-        if fp.runtime_recipe not in model.recipes():
-            hint = (f" (certified with {model.matmul_activations} matmul activations: the node's --matmul-activations "
-                    f"{model.matmul_activations})" if model.matmul_activations else "")
-            backends = sorted(set(model.recipes().values()))
-            if backends != ["cpu"]:
-                hint += f" (certified on {', '.join(backends)}: the node's --device cpu or BACKENDN)"
-            certified = ", ".join(f"{fingerprint} ({backend})" for fingerprint, backend in model.recipes().items())
-            return tt.Admission.REFUSED, f"recipe fingerprint {fp.runtime_recipe} != certified {certified}{hint}"
-        if model.tensor_digests:
-            start, end = info.layers.start, info.layers.end
-            try:
-                expected = fingerprint.certified_range_fingerprint(model.tensor_digests, model.n_layer, start, end)
-            except ValueError as err:
-                return tt.Admission.REFUSED, f"layers [{start}, {end}) cannot be served from the certified model: {err}"
-            if info.range_fingerprint != expected:
-                return tt.Admission.REFUSED, (f"range fingerprint {info.range_fingerprint or 'none'} for layers "
-                                              f"[{start}, {end}) != certified {expected}")
-        return tt.Admission.ROUTABLE, ""
 
     def heartbeat(self, node_id: NodeId, load: Optional[tt.Load], caller: bytes) -> tt.HeartbeatReply:
         refused = _not_self(node_id, caller)
@@ -277,33 +173,10 @@ class Registry:
     # ---- coverage ---------------------------------------------------------------------------
 
     def coverage(self, model: str, max_nodes: int = 0) -> tt.CoverageReply:
-        """The coverage map of `model`: exact counts, and lists cut to the first `max_nodes` nodes,
-        dark ones last, by node id (0 or more than MAX_COVERAGE_NODES: that), at most MAX_LAYER_NODE_IDS ids per
-        layer, so that the reply is bounded however large the swarm. Reads the store only (no
-        decision), so it does not take the lock."""
-        limit = min(max_nodes, MAX_COVERAGE_NODES) if max_nodes > 0 else MAX_COVERAGE_NODES
-        # Dark nodes last, so that they cannot crowd the others out of the cut lists (finding 12).
-        nodes = sorted(self._live_nodes(model), key=lambda n: (n.admission == tt.Admission.DARK, n.info.node_id))
-        quarantined_ids, banned_ids = self._store.quarantined(), self._store.banned()
-        certified = self._models.get(model)
-        if certified is None and not nodes:
-            return tt.CoverageReply(_error(StatusCode.NOT_FOUND, f"unknown model {model!r}"))
-        n_layer = certified.n_layer if certified else max(n.info.n_layer for n in nodes)
-        routable = [n for n in nodes if n.admission == tt.Admission.ROUTABLE and not n.draining
-                    and n.info.node_id not in quarantined_ids and n.info.node_id not in banned_ids]
-        replicas, listed = [0] * n_layer, [[] for _ in range(n_layer)]
-        for n in routable:  # by node id, so each layer lists its first ones
-            for layer in range(n.info.layers.start, min(n.info.layers.end, n_layer)):
-                replicas[layer] += 1
-                if len(listed[layer]) < MAX_LAYER_NODE_IDS:
-                    listed[layer].append(n.info.node_id)
-        layers = tuple(tt.LayerCoverage(layer, tuple(listed[layer]), replicas[layer]) for layer in range(n_layer))
-        gaps = tuple(tt.LayerRange(s, e) for s, e in routing.gaps([count > 0 for count in replicas]))
-        dark = tuple(n.info.node_id for n in nodes if n.admission == tt.Admission.DARK)[:limit]
-        quarantined = tuple(n.info.node_id for n in nodes if n.info.node_id in quarantined_ids)[:limit]
-        infos = tuple(n.info for n in nodes[:limit])
-        return tt.CoverageReply(OK, n_layer, layers, gaps, infos, dark, quarantined, len(nodes), len(routable),
-                                certified.artifact_fingerprint if certified else "")
+        """The coverage map of `model`, bounded however large the swarm (coverage.py). Reads the
+        store only (no decision), so it does not take the lock."""
+        return coverage_reply(model, self._live_nodes(model), self._store.quarantined(), self._store.banned(),
+                              self._models.get(model), max_nodes)
 
     def snapshot(self, max_nodes: int = snap.MAX_NODES, max_routes: int = snap.MAX_ROUTES) -> snap.RegistrySnapshot:
         """A bounded read-only copy of the live nodes, routes and coverage (see snapshot.py).
@@ -551,11 +424,11 @@ class Registry:
             sessions, tokens = in_use.get(node_id, (0, 0))
             stale = self._closed_at.get(node_id, float("-inf")) > node.last_heartbeat
             if sessions:
-                candidate = _candidate(node, sessions, backends, stale)
+                candidate = node_candidate(node, sessions, backends, stale)
             else:
                 made = cached.get(node_id)
                 if made is None or made[0] is not info or made[1] is not node.load or made[2] != stale:
-                    made = (info, node.load, stale, _candidate(node, 0, backends, stale))
+                    made = (info, node.load, stale, node_candidate(node, 0, backends, stale))
                 idle[node_id] = made
                 candidate = made[3]
             cap = info.capacity or _NO_CAPACITY_LIMITS
@@ -575,12 +448,12 @@ class Registry:
             hops = routing.find_route(candidates, model.n_layer, combinations)
         except routing.NoRouteError as err:
             gaps = tuple(tt.LayerRange(s, e) for s, e in err.uncovered)
-            longest = _longest_route(candidates + full, too_short, model.n_layer, combinations)
+            longest = longest_route(candidates + full, too_short, model.n_layer, combinations)
             if longest is not None and longest < session.expected_tokens:
                 status = _error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {session.expected_tokens} (prompt + new "
                                 f"tokens) exceeds what any route can hold for one session: at most {longest} tokens")
                 return tt.RouteReply(status, route, (), gaps), unrouted
-            if full and _routable(candidates + full, model.n_layer, combinations):
+            if full and routable(candidates + full, model.n_layer, combinations):
                 status = _error(StatusCode.RESOURCE_EXHAUSTED, f"the nodes serving layers "
                                 f"{routing.describe_layers(err.uncovered)} are all at capacity", True)
                 return tt.RouteReply(status, route, (), gaps), unrouted
@@ -599,87 +472,9 @@ def _stale(reported: RouteSession, session: SessionRecord) -> tt.RouteReply:
                          RouteSession(reported.session_id, session.epoch), session.hops)
 
 
-def _routable(candidates: list[routing.Candidate], n_layer: int, combinations: list[frozenset[str]]) -> bool:
-    try:
-        routing.find_route(candidates, n_layer, combinations)
-        return True
-    except routing.NoRouteError:
-        return False
-
-
-def _longest_route(usable: list[routing.Candidate], limited: list[tuple[routing.Candidate, int]],
-                   n_layer: int, combinations: list[frozenset[str]]) -> Optional[int]:
-    """The longest session any route over `usable` plus the per-session `limited` nodes could
-    hold (a route holds the smallest limit on it), or None when even all of them leave a gap."""
-    for limit in sorted({limit for _, limit in limited}, reverse=True):
-        if _routable(usable + [c for c, own in limited if own >= limit], n_layer, combinations):
-            return limit
-    return None
-
-
-def _candidate(node: NodeRecord, sessions: int, backends: dict[str, str], stale: bool = False) -> routing.Candidate:
-    """`backends`: the model's recipe fingerprints -> their compute backends (the node's was
-    admitted against one of them). `sessions`: this tracker's live routes through the node;
-    `stale`: its last heartbeat predates a route this tracker closed there, so the sessions it
-    reported are not taken over `sessions` (a route just closed is not load)."""
-    info, load = node.info, node.load
-    served = info.layers.end - info.layers.start
-    per_layer = routing.DEFAULT_SECONDS_PER_LAYER
-    if load.decode_tokens_per_second > 0:
-        per_layer = 1.0 / (load.decode_tokens_per_second * served)
-    cap = max(1, (info.capacity.max_sessions if info.capacity else 0) or 1)
-    reported = 0 if stale else load.active_sessions
-    pressure = max(reported, sessions) / cap + load.queue_depth / cap
-    # A relayed node (ADR 0007) costs its measured round trip to its relay on top of a direct hop.
-    rtt = routing.HOP_OVERHEAD_SECONDS + (info.relay_rtt_ms / 1000.0 if info.relay else 0.0)
-    return routing.Candidate(info.node_id, info.layers.start, info.layers.end, per_layer, rtt, pressure,
-                             runs_suffix=info.backend == tt.BackendKind.REFERENCE,
-                             backend=backends.get(info.fingerprints.runtime_recipe if info.fingerprints else "", "cpu"),
-                             measured=load.decode_tokens_per_second > 0)
-
-
 def _not_self(node_id: NodeId, caller: bytes) -> Optional[Status]:
     """PERMISSION_DENIED unless `node_id` is the id of the caller's key."""
     if node_id != keys.node_id(caller):
         return _error(StatusCode.PERMISSION_DENIED, f"a node acts only for itself; the caller is {keys.node_id(caller)}, "
                                                     f"not {node_id!r}")
     return None
-
-
-def _validate_node(info: Optional[tt.NodeInfo]) -> str:
-    """'' if `info` is well formed, else what is wrong with it."""
-    if info is None:
-        return "registration without node info"
-    for what, value in (("node_id", info.node_id), ("address", info.address), ("model", info.model),
-                        ("architecture", info.architecture)):
-        if not value or len(value) > MAX_ID_CHARS:
-            return f"{what} must be 1..{MAX_ID_CHARS} characters"
-    if not 0 < info.n_layer <= MAX_LAYERS:
-        return f"n_layer {info.n_layer} outside 1..{MAX_LAYERS}"
-    if info.layers is None:
-        return "registration without a layer range"
-    start, end = info.layers.start, info.layers.end
-    if end <= start:
-        return f"layer range [{start}, {end}) ends before it starts"
-    if end > info.n_layer:
-        return f"layer range [{start}, {end}) exceeds the model's {info.n_layer} layers"
-    cap = info.capacity or tt.Capacity()
-    if cap.max_sessions > MAX_SESSIONS or cap.kv_tokens > MAX_KV_TOKENS:
-        return f"capacity {cap} exceeds the tracker's limits ({MAX_SESSIONS} sessions, {MAX_KV_TOKENS} KV tokens)"
-    if info.backend not in (tt.BackendKind.REFERENCE, tt.BackendKind.GGUF):
-        return f"unknown backend {int(info.backend)}"
-    if len(info.public_key) != keys.PUBLIC_KEY_BYTES:
-        return f"public_key must be a {keys.PUBLIC_KEY_BYTES}-byte Ed25519 key"
-    if len(info.tls_certificate) > MAX_CERTIFICATE_CHARS:
-        return f"tls_certificate exceeds {MAX_CERTIFICATE_CHARS} characters"
-    if len(info.relay) > MAX_ID_CHARS:
-        return f"relay must be at most {MAX_ID_CHARS} characters"
-    if not 0.0 <= info.relay_rtt_ms <= MAX_RELAY_RTT_MS:  # also refuses NaN
-        return f"relay_rtt_ms {info.relay_rtt_ms} outside 0..{MAX_RELAY_RTT_MS:g}"
-    device = info.device
-    if device is not None:
-        if not device.name or len(device.name) > MAX_ID_CHARS or len(device.description) > MAX_ID_CHARS:
-            return f"device name must be 1..{MAX_ID_CHARS} characters, its description at most {MAX_ID_CHARS}"
-        if device.memory_free_bytes > device.memory_total_bytes:
-            return f"device {device.name}: {device.memory_free_bytes} bytes free of {device.memory_total_bytes}"
-    return ""
