@@ -16,10 +16,7 @@ from pathlib import Path
 from meshnet.shard.v1 import shard_pb2
 
 # (message, field): why one side has no code for it yet.
-KNOWN_WITHOUT_PYTHON = {
-    ("HealthReply", "rewound_rows"): "the worker reports it; no Python room reads it yet",
-    ("HealthReply", "device_memory_used"): "the worker reports it; Python reads free and total only",
-}
+KNOWN_WITHOUT_PYTHON: dict[tuple[str, str], str] = {}
 
 
 def _messages(container):

@@ -65,7 +65,7 @@ def status_in(m: pb.Status) -> Status:
     return Status(_enum(StatusCode, m.code, "status code"), m.message, m.retryable, m.hop)
 
 
-def _status_out(v: Status, m: pb.Status) -> None:
+def status_out(v: Status, m: pb.Status) -> None:
     m.code, m.message, m.retryable, m.hop = int(v.code), v.message, v.retryable, v.hop
 
 
@@ -208,7 +208,7 @@ def _reply_out(v: t.SeamReply) -> pb.SeamReply:
     _set(m, "version", v.version, _version_out)
     _set(m, "session", v.session, _session_out)
     _set(m, "cache", v.cache, _cache_out)
-    _set(m, "status", v.status, _status_out)
+    _set(m, "status", v.status, status_out)
     return m
 
 
@@ -224,7 +224,7 @@ def _result_out(v: t.ResultFrame) -> pb.ResultFrame:
     _set(m, "session", v.session, _session_out)
     for token in v.tokens:
         _token_out(token, m.tokens.add())
-    _set(m, "status", v.status, _status_out)
+    _set(m, "status", v.status, status_out)
     return m
 
 
@@ -259,7 +259,7 @@ def _hello_reply_in(m: pb.HelloReply) -> t.HelloReply:
 def _hello_reply_out(v: t.HelloReply) -> pb.HelloReply:
     m = pb.HelloReply(features=list(v.features), peer_id=v.peer_id)
     _set(m, "chosen_version", v.chosen_version, _version_out)
-    _set(m, "status", v.status, _status_out)
+    _set(m, "status", v.status, status_out)
     return m
 
 
@@ -307,6 +307,16 @@ def encode_audit_body(session_id: str, epoch: int, node_id: str, expires_unix_ms
     for one route session be read."""
     return pb.AuditBody(session_id=session_id, epoch=epoch, node_id=node_id,
                         expires_unix_ms=expires_unix_ms).SerializeToString(deterministic=True)
+
+
+def decode_audit_body(data: bytes) -> t.AuditBody:
+    """The AuditBody an audit ticket signs; ProtocolError if `data` is not one."""
+    m = pb.AuditBody()
+    try:
+        m.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise invalid(f"undecodable AuditBody: {err}") from err
+    return t.AuditBody(SessionId(m.session_id), m.epoch, m.node_id, m.expires_unix_ms)
 
 
 def decode_ticket_body(data: bytes) -> t.TicketBody:

@@ -1,6 +1,6 @@
 """Native types of the seam protocol (meshnet.shard.v1), one frozen dataclass per message.
 
-Converted to and from protobuf only in meshnet.protocol.seam. Conventions: a sub-message that
+Converted to and from protobuf only in meshnet.protocol (seam, supervision, commitments). Conventions: a sub-message that
 may be absent is Optional (None = absent, which differs from present-but-empty); repeated
 fields are tuples; enums keep the wire numbers.
 """
@@ -252,3 +252,80 @@ class HelloReply:
     features: tuple[str, ...] = ()
     peer_id: str = ""
     status: Optional[Status] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """Where a hop's completed DECODE steps spent their time, summed since start (microseconds)."""
+
+    steps: int = 0
+    admit_us: int = 0  # arrival to submission to the engine
+    wait_us: int = 0  # waiting for the engine (queue_us + engine_us + the waiter's wake-up)
+    after_us: int = 0  # after the engine: sampling, commitments
+    send_us: int = 0  # encoding and writing to the next hop
+    reply_us: int = 0  # writing the reply upstream
+    queue_us: int = 0  # until the batch that ran the step started
+    engine_us: int = 0  # that batch's decode
+
+
+@dataclasses.dataclass(frozen=True)
+class Health:
+    """A shard's liveness and load (the Health call); counters are since the worker started."""
+
+    status: Optional[Status] = None
+    active_sessions: int = 0
+    queue_depth: int = 0  # steps waiting for the engine
+    kv_cells_used: int = 0
+    kv_cells_total: int = 0
+    batches: int = 0  # engine decodes run
+    mean_batch_rows: float = 0.0  # rows per decode, mean (float32 on the wire)
+    max_batch_sessions: int = 0  # most distinct sessions seen in one decode
+    compute_us: int = 0  # time spent in engine decodes
+    seam_frames_in: int = 0  # SeamFrame messages received
+    seam_bytes_in: int = 0  # their serialized size
+    fence_entries: int = 0  # session ids with an epoch fence held
+    results_readers: int = 0  # open Results streams
+    drafted_tokens: int = 0  # speculation (ADR 0005): tokens this (first) hop drafted
+    accepted_drafts: int = 0  # drafts this (last) hop's sampler accepted
+    rewound_rows: int = 0  # KV rows this hop dropped for rejected drafts
+    device: str = ""  # where the range computes (ADR 0014): "cpu", "vulkan0", ...
+    device_description: str = ""  # the driver's name for it
+    device_memory_used: int = 0  # what this worker holds there (weights, KV, compute buffers)
+    device_memory_free: int = 0  # as the device's backend reports it
+    device_memory_total: int = 0
+    step_times: Optional[StepTimes] = None  # absent from a hop that times no steps (the reference)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditBody:
+    """What an audit ticket admits (ADR 0008): one hop's commitments for one route session."""
+
+    session_id: SessionId
+    epoch: int
+    node_id: str  # the hop whose commitments may be read
+    expires_unix_ms: int = 0  # wall clock
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitmentsBody:
+    """What a hop committed to for positions [start, start + count) of a session (ADR 0008), as
+    it signed it. Per position, little-endian, `k` values each: indices uint16, values float16;
+    tokens int32 (-1: none sampled there), logits float16. Empty bytes: not this hop's part."""
+
+    node_id: str
+    session_id: SessionId
+    epoch: int
+    layer_start: int
+    layer_end: int
+    k: int
+    start: int
+    count: int
+    input_tokens: bytes = b""  # first hop: the token fed at each position
+    input_indices: bytes = b""  # other hops: top-K of the hidden row received
+    input_values: bytes = b""
+    output_indices: bytes = b""  # non-last hops: top-K of the hidden row sent on
+    output_values: bytes = b""
+    sampled_tokens: bytes = b""  # last hop: the token sampled from each position's logits
+    sampled_logits: bytes = b""  # and its logit
+    temperature: float = 0.0  # last hop: the session's sampling temperature (0: greedy)
+    constrained: bool = False  # last hop: sampled under a grammar (issue 33)
