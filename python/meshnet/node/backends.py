@@ -13,9 +13,9 @@ import secrets
 from pathlib import Path
 from typing import Optional, Protocol
 
-from meshnet.identity.tls import pinned_channel
 from meshnet.node.telemetry import RateMeter
 from meshnet.node.worker import WorkerProcess, take_work
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints
 
@@ -59,11 +59,11 @@ class ReferenceBackend:
         self._server, port = serve_shard(self.engine, node_id, fingerprints, tracker_key, listen, tls,
                                          idle_seconds=idle_seconds, supervisor_token=self._supervisor_token)
         self._address = f"{listen.rsplit(':', 1)[0]}:{port}"
-        self._channel = pinned_channel(self._address, tls[0] if tls else None)
+        self._shard = ShardClient.dial(self._address, tls[0] if tls else None)
         self._meter = RateMeter()
 
     def take_work(self) -> tuple[tt.WorkEntry, ...]:
-        return take_work(self._channel, self._supervisor_token)
+        return take_work(self._shard, self._supervisor_token)
 
     @property
     def address(self) -> str:
@@ -90,7 +90,7 @@ class ReferenceBackend:
         raise RuntimeError("the reference backend runs in the node process; it cannot be killed alone")
 
     def stop(self) -> None:
-        self._channel.close()
+        self._shard.close()
         self._server.stop(grace=2).wait()
 
 

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 import grpc
 
-from meshnet.identity.tls import pinned_channel
 from meshnet.node.worker import MAX_BATCH_TOKENS
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.wire import tracker as tt
+from meshnet.wire.seam import Health
 
 if TYPE_CHECKING:  # the HTTP stack and prometheus_client are imported only when /metrics is served
     from prometheus_client.registry import CollectorRegistry
@@ -56,23 +56,23 @@ class HealthProbe:
         self._address, self._certificate, self._timeout = address, certificate, timeout
         self._lock = threading.Lock()
         self._dialled = ""
-        self._channel: Optional[grpc.Channel] = None
+        self._shard: Optional[ShardClient] = None
 
-    def __call__(self) -> shard_pb2.HealthReply:
+    def __call__(self) -> Health:
         with self._lock:
             address = self._address()
-            if address != self._dialled or self._channel is None:
-                if self._channel is not None:
-                    self._channel.close()
-                self._channel, self._dialled = pinned_channel(address, self._certificate), address
-            channel = self._channel
-        return shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=self._timeout)
+            if address != self._dialled or self._shard is None:
+                if self._shard is not None:
+                    self._shard.close()
+                self._shard, self._dialled = ShardClient.dial(address, self._certificate), address
+            shard = self._shard
+        return shard.health(timeout=self._timeout)
 
     def close(self) -> None:
         with self._lock:
-            if self._channel is not None:
-                self._channel.close()
-                self._channel = None
+            if self._shard is not None:
+                self._shard.close()
+                self._shard = None
 
 
 class NodeMetrics:
@@ -80,7 +80,7 @@ class NodeMetrics:
     scrape thread under the lock."""
 
     def __init__(self, node_id: str, model: str, backend: tt.BackendKind, layers: tuple[int, int],
-                 health: Callable[[], shard_pb2.HealthReply]) -> None:
+                 health: Callable[[], Health]) -> None:
         self.info = {"node_id": node_id, "model": model, "backend": backend.name.lower(),
                      "layers": f"{layers[0]}:{layers[1]}"}
         self.health = health
@@ -145,7 +145,7 @@ def registry(metrics: NodeMetrics) -> "CollectorRegistry":
     return prometheus
 
 
-def _health_series(health: Callable[[], shard_pb2.HealthReply], gauge, counter) -> Iterator:
+def _health_series(health: Callable[[], Health], gauge, counter) -> Iterator:
     try:
         h = health()
     except (grpc.RpcError, ValueError):  # no answer in time, or a channel closed under us

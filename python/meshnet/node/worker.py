@@ -22,13 +22,12 @@ from typing import Optional
 
 import grpc
 
-from meshnet.identity.requests import SUPERVISOR_ENV, SUPERVISOR_METADATA
-from meshnet.identity.tls import pinned_channel
+from meshnet.identity.requests import SUPERVISOR_ENV
 from meshnet.node.telemetry import RateMeter
 from meshnet.process import listening_port
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.wire import tracker as tt
-from meshnet.wire.seam import RouteSession
+from meshnet.wire.seam import Health
 
 
 class WorkerError(RuntimeError):
@@ -43,12 +42,9 @@ BATCH_WINDOW_US = 2000
 NODE_KEY_ENV = "MESHNET_NODE_KEY"  # the worker signs commitments with it (cpp/worker/main.cc)
 
 
-def take_work(channel: grpc.Channel, supervisor_token: str) -> tuple[tt.WorkEntry, ...]:
+def take_work(shard: ShardClient, supervisor_token: str) -> tuple[tt.WorkEntry, ...]:
     """Tokens processed per session since the last call, taken from this node's shard service."""
-    reply = shard_pb2_grpc.ShardStub(channel).TakeWork(shard_pb2.TakeWorkRequest(), timeout=5,
-                                                       metadata=((SUPERVISOR_METADATA, supervisor_token),))
-    return tuple(tt.WorkEntry(RouteSession(w.session.session_id, w.session.epoch), w.prefill_tokens, w.decode_tokens)
-                 for w in reply.work)
+    return shard.take_work(supervisor_token, timeout=5)
 
 
 def server_threads(max_sessions: int) -> int:
@@ -98,7 +94,7 @@ class WorkerProcess:
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         self._meter = RateMeter()
-        self._channel: Optional[grpc.Channel] = None
+        self._shard: Optional[ShardClient] = None
 
     @property
     def address(self) -> str:
@@ -117,7 +113,7 @@ class WorkerProcess:
             self.stop()
             raise WorkerError(f"worker did not start listening within {timeout:.0f}s (exit {code}); see {self._log}")
         self.port = port
-        self._channel = pinned_channel(self.address, self._cert)
+        self._shard = ShardClient.dial(self.address, self._cert)
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -132,8 +128,8 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def health(self) -> shard_pb2.HealthReply:
-        return shard_pb2_grpc.ShardStub(self._channel).Health(shard_pb2.HealthRequest(), timeout=5)
+    def health(self) -> Health:
+        return self._shard.health(timeout=5)
 
     def load(self) -> tt.Load:
         """Heartbeat telemetry from the worker's Health: sessions, queue, KV, batch occupancy and
@@ -147,7 +143,7 @@ class WorkerProcess:
                        decode_tokens_per_second=rate)
 
     def take_work(self) -> tuple[tt.WorkEntry, ...]:
-        return take_work(self._channel, self._supervisor_token)
+        return take_work(self._shard, self._supervisor_token)
 
     def kill(self) -> None:
         """SIGKILL (a hung worker ignores SIGTERM); stop() then finds nothing to wait for."""
@@ -156,9 +152,9 @@ class WorkerProcess:
             self.proc.wait()
 
     def stop(self, grace: float = 10.0) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        if self._shard is not None:
+            self._shard.close()
+            self._shard = None
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
