@@ -32,9 +32,10 @@ from meshnet.bench.measure import cell_figures, rounded
 from meshnet.memory_cap import peak_rss_bytes
 from meshnet.bench.schema import Cell
 from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.swarm.local import LocalSwarm
+from meshnet.wire.seam import Health, StepTimes
 
 Progress = Callable[[str], None]
 
@@ -62,15 +63,15 @@ class HealthProbe:
 
     def __init__(self, channels: Sequence[grpc.Channel]) -> None:
         self._channels = list(channels)
-        self._stubs = [shard_pb2_grpc.ShardStub(c) for c in self._channels]
+        self._shards = [ShardClient(c) for c in self._channels]
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.max_queue = 0
         self.max_sessions = 0
         self.max_kv_cells = 0
 
-    def snapshot(self) -> list[shard_pb2.HealthReply]:
-        return [stub.Health(shard_pb2.HealthRequest(), timeout=5) for stub in self._stubs]
+    def snapshot(self) -> list[Health]:
+        return [shard.health(timeout=5) for shard in self._shards]
 
     def start_sampling(self) -> None:
         self.max_queue = self.max_sessions = self.max_kv_cells = 0
@@ -162,16 +163,17 @@ def run_cell(tracker: TrackerClient, probe: HealthProbe, prompts: Sequence[list[
     return rounded(cell), outs
 
 
-def hop_stages(before: Sequence[shard_pb2.HealthReply], after: Sequence[shard_pb2.HealthReply]) -> list[dict]:
+def hop_stages(before: Sequence[Health], after: Sequence[Health]) -> list[dict]:
     """Each hop's mean microseconds per completed decode step in each stage of its worker, between
     two Health snapshots (StepTimes, issue 31), with the wait split into queue, engine and the
-    waiter's wake-up; None where the hop timed no step."""
+    waiter's wake-up; None where the hop timed no step (a hop that reports no step times)."""
     out = []
     for b, a in zip(before, after):
-        steps = a.step_times.steps - b.step_times.steps
+        b_times, a_times = b.step_times or StepTimes(), a.step_times or StepTimes()
+        steps = a_times.steps - b_times.steps
         stages: dict = {"steps": steps}
         for name in ("admit_us", "wait_us", "queue_us", "engine_us", "after_us", "send_us", "reply_us"):
-            spent = getattr(a.step_times, name) - getattr(b.step_times, name)
+            spent = getattr(a_times, name) - getattr(b_times, name)
             stages[name] = round(spent / steps, 1) if steps else None
         stages["wake_us"] = (round(stages["wait_us"] - stages["queue_us"] - stages["engine_us"], 1)
                              if steps else None)

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from meshnet.bench import schema
 from meshnet.bench.route_lanes import hop_stages
-from meshnet.shard.v1 import shard_pb2
+from meshnet.wire.seam import Health, StepTimes
 
 
 def health(steps: int, admit: int, wait: int, queue: int, engine: int, after: int, send: int,
-           reply: int) -> shard_pb2.HealthReply:
-    return shard_pb2.HealthReply(step_times=shard_pb2.StepTimes(
+           reply: int) -> Health:
+    return Health(step_times=StepTimes(
         steps=steps, admit_us=admit, wait_us=wait, queue_us=queue, engine_us=engine, after_us=after,
         send_us=send, reply_us=reply))
 
 
 def test_hop_stages_are_means_per_step_between_snapshots():
-    before = [health(10, 100, 5000, 300, 4000, 20, 300, 40), health(0, 0, 0, 0, 0, 0, 0, 0)]
-    after = [health(14, 180, 7000, 340, 5600, 60, 700, 80), health(0, 0, 0, 0, 0, 0, 0, 0)]
+    # The second hop reports no step times at all, as the reference backend.
+    before = [health(10, 100, 5000, 300, 4000, 20, 300, 40), Health()]
+    after = [health(14, 180, 7000, 340, 5600, 60, 700, 80), Health()]
     stages = hop_stages(before, after)
     assert stages == [
         {"steps": 4, "admit_us": 20.0, "wait_us": 500.0, "queue_us": 10.0, "engine_us": 400.0, "wake_us": 90.0,

@@ -31,8 +31,8 @@ import time
 import psutil
 
 from meshnet.process import log
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.recipe.certify import uncertified_entry
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.soak import attacks as attack_kinds
 from meshnet.soak import report
 from meshnet.soak.attacks import Attacker
@@ -65,7 +65,7 @@ def hop_state(swarm: LocalSwarm) -> dict[str, tuple]:
     for node_id, channel in swarm.shard_channels(direct=True).items():
         name = next((n for n, i in swarm.ids.items() if i == node_id), node_id)
         try:
-            h = shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=3)
+            h = ShardClient(channel).health(timeout=3)
             out[name] = (h.active_sessions, h.kv_cells_used)
         except Exception as err:  # reported as a leak: a hop that cannot say it is idle
             out[name] = ("unreachable", repr(err)[:100])

@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import grpc
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 
 from meshnet.identity import certificates, tls
 from meshnet.identity.keys import Identity
 from meshnet.identity.roles import new_role_tokens
 from meshnet.process import child_env
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.certify import uncertified_entry
 from meshnet.recipe.cut_model import even_cuts  # noqa: F401 - the swarm's split, re-exported for its callers
+from meshnet.wire.seam import Health
 
 
 def wait_for_port(proc: subprocess.Popen, port_file: Path, log: Path, timeout: float, what: str) -> int:
@@ -347,10 +348,10 @@ class LocalSwarm:
             out[n.node_id] = self._channels[key]
         return out
 
-    def health(self) -> dict[str, shard_pb2.HealthReply]:
+    def health(self) -> dict[str, Health]:
         """Every registered node's Health reply, by node name ("node-0", ...)."""
         names = {node_id: name for name, node_id in self.ids.items()}
-        return {names.get(node_id, node_id): shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=5)
+        return {names.get(node_id, node_id): ShardClient(channel).health(timeout=5)
                 for node_id, channel in self.shard_channels().items()}
 
     def devices(self) -> dict[str, str]:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import grpc
 
-from meshnet.identity.tls import pinned_channel
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.wire import tracker as tt
 
 PROBE_TIMEOUT_S = 1.0
@@ -18,8 +17,8 @@ def health_fails(node: tt.NodeInfo, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """True unless `node` answers Health within `timeout` (unreachable, refused, hung, or any error)."""
     cert = node.tls_certificate.encode() if node.tls_certificate else None
     try:
-        with pinned_channel(node.address, cert) as channel:
-            shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=timeout)
+        with ShardClient.dial(node.address, cert) as shard:
+            shard.ping(timeout=timeout)
         return False
     except (grpc.RpcError, ValueError, OSError):
         return True
