@@ -42,16 +42,14 @@ import grpc
 
 from meshnet.identity import tickets
 from meshnet.process import log
-from meshnet.identity.tls import pinned_channel
 from meshnet.protocol import seam
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.wire import seam as t
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId
 from meshnet.wire.status import Status, StatusCode
 
-_CLOSE = object()
 MAX_QUEUED_FRAMES = 8  # frames waiting for the first hop's stream; the client has at most ~3 in flight
 INITIAL_CREDITS = 4  # frames the client may send before the first hop's first reply says how many
 
@@ -98,7 +96,6 @@ class _Connection:
         self.route = route.session
         self.hops = route.hops
         self.events: queue.Queue = queue.Queue()
-        self._frames: queue.Queue = queue.Queue(maxsize=MAX_QUEUED_FRAMES)
         # Flow control: frames sent and not yet answered stay below the first hop's last credits.
         self._credit = threading.Condition()
         self._in_flight, self._credits, self._ended = 0, INITIAL_CREDITS, False
@@ -110,13 +107,13 @@ class _Connection:
             if not hop.node.tls_certificate and not insecure:
                 raise MeshnetError(Status(StatusCode.PERMISSION_DENIED, f"hop {hop.node.node_id} registered no TLS "
                                           "certificate; plaintext needs insecure=True"))
-        self._channels = [pinned_channel(first.node.address, first.node.tls_certificate.encode() or None)]
+        self._shards = [ShardClient.dial(first.node.address, first.node.tls_certificate.encode() or None)]
         if last is not first:
-            self._channels.append(pinned_channel(last.node.address, last.node.tls_certificate.encode() or None))
-        self._seam = shard_pb2_grpc.ShardStub(self._channels[0]).Seam(iter(self._frames.get, _CLOSE))
+            self._shards.append(ShardClient.dial(last.node.address, last.node.tls_certificate.encode() or None))
+        self._seam = self._shards[0].seam(MAX_QUEUED_FRAMES)
         request = t.ResultsRequest(seam.PROTOCOL_VERSION, self.route, last.ticket,
                                    tickets.results_signature(tracker.identity, last.ticket))
-        self._results = shard_pb2_grpc.ShardStub(self._channels[-1]).Results(seam.to_proto(request))
+        self._results = self._shards[-1].results(request)
         threading.Thread(target=self._read_seam, daemon=True).start()
         threading.Thread(target=self._read_results, daemon=True).start()
 
@@ -127,8 +124,7 @@ class _Connection:
     def _read_seam(self) -> None:
         first = self.hops[0].node.node_id
         try:
-            for reply in self._seam:
-                native = seam.from_proto(reply)
+            for native in self._seam:
                 with self._credit:
                     self._in_flight = max(0, self._in_flight - 1)
                     if native.credits:
@@ -149,8 +145,7 @@ class _Connection:
     def _read_results(self) -> None:
         last = self.hops[-1].node.node_id
         try:
-            for frame in self._results:
-                native = seam.from_proto(frame)
+            for native in self._results:
                 if native.status is not None and not native.status.ok and native.status.code != StatusCode.CANCELLED:
                     # The last hop failing itself is observed; its upstream being lost says nothing
                     # about which hop failed upstream: leave that to the Health probe.
@@ -173,7 +168,7 @@ class _Connection:
             self._in_flight += 1
             self.frames_sent += 1
         try:
-            self._frames.put(seam.to_proto(frame), timeout=timeout)
+            self._seam.send(frame, timeout=timeout)
         except queue.Full:
             raise _HopFailure(self.hops[0].node.node_id, Status(
                 StatusCode.UNAVAILABLE, f"the first hop took no frame for {timeout:g}s", True)) from None
@@ -182,14 +177,14 @@ class _Connection:
         """The failure with a hop to blame: the first hop of the route that does not answer
         Health within `timeout` (all are asked at once), or "" if every hop answers."""
         def answers(hop: tt.Hop) -> bool:
-            channel = pinned_channel(hop.node.address, hop.node.tls_certificate.encode() or None)
+            shard = ShardClient.dial(hop.node.address, hop.node.tls_certificate.encode() or None)
             try:
-                shard_pb2_grpc.ShardStub(channel).Health(shard_pb2.HealthRequest(), timeout=timeout)
+                shard.ping(timeout=timeout)
                 return True
             except grpc.RpcError:
                 return False
             finally:
-                channel.close()
+                shard.close()
 
         with ThreadPoolExecutor(max_workers=len(self.hops)) as pool:
             alive = list(pool.map(answers, self.hops))
@@ -202,12 +197,12 @@ class _Connection:
 
     def close(self) -> None:
         try:
-            self._frames.put(_CLOSE, timeout=1.0)
+            self._seam.end(timeout=1.0)
         except queue.Full:
             self._seam.cancel()  # the stream is stuck: end it
         self._results.cancel()
-        for channel in self._channels:
-            channel.close()
+        for shard in self._shards:
+            shard.close()
 
 
 class RouteClient:
