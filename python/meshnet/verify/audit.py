@@ -26,13 +26,15 @@ import numpy as np
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
 from meshnet.memory_cap import CappedRunner
+from meshnet.protocol import commitments, seam
 from meshnet.protocol.commitments import COMMITMENTS_DOMAIN
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.recipe.certify import recipe_of
 from meshnet.recipe.fingerprint import gguf_summary
 from meshnet.recipe.model_files import open_model_files
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.verify import boundaries
 from meshnet.verify import commitment as cm
+from meshnet.wire import seam as t
 from meshnet.wire import tracker as tt
 
 MAX_POSITIONS = 4096  # the worker's kMaxAuditPositions
@@ -43,10 +45,9 @@ class AuditError(Exception):
 
 
 def audit_ticket(tracker: Identity, session_id: str, epoch: int, node_id: str,
-                 seconds: float = 600.0) -> shard_pb2.AuditTicket:
+                 seconds: float = 600.0) -> t.AuditTicket:
     """What the tracker hands a verifier per hop (tests sign their own with the tracker's key)."""
-    ticket = tickets.issue_audit(tracker, session_id, epoch, node_id, seconds)
-    return shard_pb2.AuditTicket(body=ticket.body, signature=ticket.signature)
+    return tickets.issue_audit(tracker, session_id, epoch, node_id, seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,22 +69,22 @@ class HopCommitments:
         return len(self.signed.body)
 
 
-def _hidden(body: shard_pb2.CommitmentsBody, indices: bytes, values: bytes) -> Optional[cm.HiddenCommitment]:
+def _hidden(body: t.CommitmentsBody, indices: bytes, values: bytes) -> Optional[cm.HiddenCommitment]:
     if not indices:
         return None
     return cm.HiddenCommitment(np.frombuffer(indices, dtype="<u2").reshape(body.count, body.k),
                                np.frombuffer(values, dtype="<f2").reshape(body.count, body.k))
 
 
-def fetch(channel, ticket: shard_pb2.AuditTicket, node_public_key: bytes, start: int = 0,
+def fetch(channel, ticket: t.AuditTicket, node_public_key: bytes, start: int = 0,
           count: int = MAX_POSITIONS, timeout: float = 10.0) -> HopCommitments:
-    """The hop's commitments for the ticket's session; AuditError unless signed by the node."""
-    reply = shard_pb2_grpc.ShardStub(channel).Commitments(
-        shard_pb2.CommitmentsRequest(ticket=ticket, start=start, count=count), timeout=timeout)
-    if not verify(node_public_key, reply.signature, COMMITMENTS_DOMAIN + reply.body):
+    """The hop's commitments for the ticket's session; AuditError unless signed by the node
+    (ProtocolError for a signed body or a ticket body that does not parse)."""
+    signed = ShardClient(channel).commitments(ticket, start, count, timeout)
+    if not verify(node_public_key, signed.signature, COMMITMENTS_DOMAIN + signed.body):
         raise AuditError("the hop's commitments are not signed by its registered key")
-    body = shard_pb2.CommitmentsBody.FromString(reply.body)
-    expected = shard_pb2.AuditBody.FromString(ticket.body)
+    body = commitments.decode_body(signed.body)
+    expected = seam.decode_audit_body(ticket.body)
     if (body.session_id, body.epoch, body.node_id) != (expected.session_id, expected.epoch, expected.node_id):
         raise AuditError(f"the hop answered for {body.session_id}@{body.epoch} on {body.node_id}, not the audit's")
     sampled = None
@@ -94,7 +95,7 @@ def fetch(channel, ticket: shard_pb2.AuditTicket, node_public_key: bytes, start:
                           np.frombuffer(body.input_tokens, dtype="<i4").copy() if body.input_tokens else None,
                           _hidden(body, body.input_indices, body.input_values),
                           _hidden(body, body.output_indices, body.output_values), sampled, body.temperature,
-                          body.constrained, tt.SignedCommitments(reply.body, reply.signature))
+                          body.constrained, signed)
 
 
 class WrongRecipe(AuditError):
@@ -224,7 +225,7 @@ def session_tokens(hops: Sequence[HopCommitments]) -> list[int]:
     first = hops[0]
     if first.input_tokens is None:
         raise AuditError(f"the first hop {first.node_id} committed to no input tokens")
-    return [int(t) for t in first.input_tokens[:first.positions]]
+    return [int(token) for token in first.input_tokens[:first.positions]]
 
 
 def prompt_length(hops: Sequence[HopCommitments]) -> int:

@@ -38,7 +38,6 @@ from meshnet.identity.tls import pinned_channel
 from meshnet.process import log, stop_on_signals, tracker_token
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 from meshnet.recipe.recipe import compute_backend_of
-from meshnet.shard.v1 import shard_pb2
 from meshnet.verify import audit, commitment
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import StatusCode
@@ -87,8 +86,7 @@ def run_audit(job: tt.AuditJob, replayers: tuple[audit.Replayer, audit.Replayer]
         node = hop.node
         try:
             with pinned_channel(node.address, node.tls_certificate.encode() or None) as channel:
-                fetched.append(audit.fetch(channel, shard_pb2.AuditTicket(body=ticket.body, signature=ticket.signature),
-                                           node.public_key))
+                fetched.append(audit.fetch(channel, ticket, node.public_key))
         except grpc.RpcError as err:
             if err.code() not in INCONCLUSIVE:
                 raise
