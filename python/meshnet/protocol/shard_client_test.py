@@ -252,7 +252,7 @@ class FakeHandler:
     def take_work(self, context):
         return (tt.WorkEntry(SESSION, 5, 7),)
 
-    def seam(self, frames, context):
+    def seam_stream(self, frames, context):
         try:
             for received in frames:
                 self.sizes.append(received.size)
@@ -265,7 +265,7 @@ class FakeHandler:
         finally:
             self.closed.set()
 
-    def results(self, request, context):
+    def results_stream(self, request, context):
         yield t.ResultFrame(seam.PROTOCOL_VERSION, request.session, 1, (t.SampledToken(7, 0),))
 
 

@@ -50,11 +50,11 @@ class ShardHandler(Protocol):
 
     def take_work(self, context: grpc.ServicerContext) -> Sequence[tt.WorkEntry]: ...
 
-    def seam(self, frames: Iterator[ReceivedFrame],
-             context: grpc.ServicerContext) -> Generator[t.SeamReply, None, None]: ...
+    def seam_stream(self, frames: Iterator[ReceivedFrame],
+                    context: grpc.ServicerContext) -> Generator[t.SeamReply, None, None]: ...
 
-    def results(self, request: t.ResultsRequest,
-                context: grpc.ServicerContext) -> Generator[t.ResultFrame, None, None]: ...
+    def results_stream(self, request: t.ResultsRequest,
+                       context: grpc.ServicerContext) -> Generator[t.ResultFrame, None, None]: ...
 
 
 class _Servicer(shard_pb2_grpc.ShardServicer):
@@ -71,7 +71,7 @@ class _Servicer(shard_pb2_grpc.ShardServicer):
         return supervision.work_out(self._handler.take_work(context))
 
     def Seam(self, request_iterator, context):  # noqa: N802
-        replies = self._handler.seam(map(ReceivedFrame, request_iterator), context)
+        replies = self._handler.seam_stream(map(ReceivedFrame, request_iterator), context)
         try:
             for reply in replies:
                 yield seam.to_proto(reply)
@@ -79,7 +79,7 @@ class _Servicer(shard_pb2_grpc.ShardServicer):
             replies.close()  # the handler's own cleanup runs when gRPC ends the call
 
     def Results(self, request, context):  # noqa: N802
-        frames = self._handler.results(seam.from_proto(request), context)
+        frames = self._handler.results_stream(seam.from_proto(request), context)
         try:
             for frame in frames:
                 yield seam.to_proto(frame)

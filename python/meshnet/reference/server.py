@@ -1,5 +1,7 @@
 """The reference shard's gRPC service (meshnet.shard.v1.Shard), following the C++ worker.
 
+ShardServer is a native ShardHandler (meshnet.protocol.shard_service converts at the edge).
+
 One Seam stream per upstream peer (the client, or the previous hop): a reader thread decodes
 frames, admits them (ADR 0003: route ticket, epoch fence, stream binding; see sessions.py), runs
 steps on the engine, forwards activations over one pinned channel per route session to the one
@@ -29,21 +31,22 @@ import torch
 
 from meshnet.identity import tickets
 from meshnet.identity.requests import is_supervisor
-from meshnet.identity.tls import MAX_MESSAGE_BYTES, bind, pinned_channel
-from meshnet.protocol import bundle, diag, seam, tensors
+from meshnet.identity.tls import MAX_MESSAGE_BYTES, bind
+from meshnet.protocol import bundle, diag, seam, shard_service, tensors
 from meshnet.protocol.errors import ProtocolError, exhausted, invalid
+from meshnet.protocol.shard_client import ShardClient
 from meshnet.reference.model import ReferenceEngine
 from meshnet.reference.sampling import Sampler
 from meshnet.reference.sessions import Options, Refusal, ResultsTable, Session, SessionTable
-from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.wire import seam as t
+from meshnet.wire import tracker as tt
 from meshnet.wire.status import Status, StatusCode
 
 CREDITS = 8
 HIDDEN = "hidden_states"
 KEEPALIVE_MS = 2000  # ping a quiet connection this often; close it if the ping is unanswered as long
 ZLIB_FEATURE = "compression.zlib"
-_CLOSE = object()
+_CLOSE = object()  # ends a results queue or a stream's replies
 _GRPC_CODES = {StatusCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
                StatusCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
                StatusCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -65,17 +68,15 @@ class _Downstream:
 
     def __init__(self, hop: t.DownstreamHop, certificate: Optional[bytes], on_error) -> None:
         self.hop = hop
-        self._channel = pinned_channel(hop.address, certificate)
-        self._frames: queue.Queue = queue.Queue(maxsize=256)
-        self._call = shard_pb2_grpc.ShardStub(self._channel).Seam(iter(self._frames.get, _CLOSE))
+        self._shard = ShardClient.dial(hop.address, certificate)
+        self._stream = self._shard.seam(max_queued=256)
         self._on_error = on_error
         self._closed = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         try:
-            for reply in self._call:
-                native = seam.from_proto(reply)
+            for native in self._stream:
                 if native.status is not None and not native.status.ok:
                     status = native.status
                     self._on_error(dataclasses.replace(status, hop=status.hop or self.hop.node_id))
@@ -86,15 +87,15 @@ class _Downstream:
 
     def send(self, frame: t.SeamFrame) -> None:
         """Sends `frame` with the next hop's own ticket (it admits the session there)."""
-        self._frames.put(seam.to_proto(dataclasses.replace(frame, ticket=self.hop.ticket)), timeout=30)
+        self._stream.send(dataclasses.replace(frame, ticket=self.hop.ticket), timeout=30)
 
     def close(self) -> None:
         self._closed.set()
         try:
-            self._frames.put_nowait(_CLOSE)
+            self._stream.end(timeout=0)
         except queue.Full:
             pass  # a next hop that takes nothing: closing the channel below cancels the stream
-        self._channel.close()
+        self._shard.close()
 
 
 @dataclasses.dataclass
@@ -106,7 +107,9 @@ class _Live:
     reassembler: Optional[bundle.Reassembler] = None
 
 
-class ShardServer(shard_pb2_grpc.ShardServicer):
+class ShardServer:
+    """A shard_service.ShardHandler; mounted by `serve`."""
+
     def __init__(self, engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints] = None,
                  idle_seconds: float = 300.0, *, tracker_key: bytes, layers: Optional[tuple[int, int]] = None,
                  compression: bool = False, auth_grace_seconds: float = 10.0, insecure: bool = False,
@@ -146,35 +149,30 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
 
     # ---- unary ------------------------------------------------------------------------------
 
-    def Hello(self, request, context):  # noqa: N802
+    def hello(self, request: t.HelloRequest, context) -> t.HelloReply:
         features = [f for f in seam.FEATURES if self.compression or f != ZLIB_FEATURE]
-        return seam.to_proto(seam.negotiate(seam.from_proto(request), self.node_id, features))
+        return seam.negotiate(request, self.node_id, features)
 
-    def TakeWork(self, request, context):  # noqa: N802
+    def take_work(self, context) -> tuple[tt.WorkEntry, ...]:
         """Returns and resets the tokens processed per session (the node reports them); only for
         the node's supervisor, which proves itself with the token it gave this server."""
         if not is_supervisor(context.invocation_metadata() or (), self.supervisor_token):
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "TakeWork answers only this node's supervisor")
-        reply = shard_pb2.TakeWorkReply()
-        for (sid, epoch), (prefill, decode) in sorted(self.table.take_work().items()):
-            reply.work.add(session=shard_pb2.RouteSession(session_id=sid, epoch=epoch), prefill_tokens=prefill,
-                           decode_tokens=decode)
-        return reply
+        return tuple(tt.WorkEntry(t.RouteSession(sid, epoch), prefill, decode)
+                     for (sid, epoch), (prefill, decode) in sorted(self.table.take_work().items()))
 
-    def Health(self, request, context):  # noqa: N802
+    def health(self, context) -> t.Health:
         sessions, tokens = self.engine.stats()
         with self._lock:
             frames, size = self._seam_in
-        return shard_pb2.HealthReply(status=shard_pb2.Status(code=StatusCode.OK), active_sessions=sessions,
-                                     kv_cells_used=tokens, kv_cells_total=self.engine.max_kv_tokens,
-                                     seam_frames_in=frames, seam_bytes_in=size,
-                                     fence_entries=self.table.fence_count(), results_readers=self.results.readers())
+        return t.Health(status=Status(StatusCode.OK), active_sessions=sessions, kv_cells_used=tokens,
+                        kv_cells_total=self.engine.max_kv_tokens, seam_frames_in=frames, seam_bytes_in=size,
+                        fence_entries=self.table.fence_count(), results_readers=self.results.readers())
 
     # ---- results ----------------------------------------------------------------------------
 
-    def Results(self, request, context):  # noqa: N802
+    def results_stream(self, req: t.ResultsRequest, context) -> Iterator[t.ResultFrame]:
         """The session's tokens, for the client that opened the route (ADR 0003, rule 6)."""
-        req = seam.from_proto(request)
         try:
             seam.check_version(req.version)
             if req.session is None or tickets.session_id_too_long(req.session.session_id):
@@ -198,7 +196,7 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
                 if item is _CLOSE:
                     closed = True
                     return
-                yield seam.to_proto(item)
+                yield item
         finally:
             self.results.detach(key, items)
             session = None if closed else self.table.remove(key)
@@ -208,9 +206,9 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
 
     # ---- seam -------------------------------------------------------------------------------
 
-    def Seam(self, request_iterator, context):  # noqa: N802
+    def seam_stream(self, frames: Iterator[shard_service.ReceivedFrame], context) -> Iterator[t.SeamReply]:
         stream = _Stream()
-        threading.Thread(target=self._read_upstream, args=(request_iterator, stream), daemon=True).start()
+        threading.Thread(target=self._read_upstream, args=(frames, stream), daemon=True).start()
         deadline = time.monotonic() + self.auth_grace_seconds
         while True:
             wait = None if stream.verified.is_set() else deadline - time.monotonic()
@@ -223,15 +221,15 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
                 continue
             if item is _CLOSE:
                 return
-            yield seam.to_proto(item)
+            yield item
 
-    def _read_upstream(self, frames: Iterator, stream: _Stream) -> None:
+    def _read_upstream(self, frames: Iterator[shard_service.ReceivedFrame], stream: _Stream) -> None:
         try:
-            for message in frames:
+            for received in frames:
                 with self._lock:
                     self._seam_in[0] += 1
-                    self._seam_in[1] += message.ByteSize()
-                reply = self._handle(message, stream)
+                    self._seam_in[1] += received.size
+                reply = self._handle(received, stream)
                 if reply is not None:
                     stream.replies.put(reply)
         except grpc.RpcError:
@@ -242,10 +240,10 @@ class ShardServer(shard_pb2_grpc.ShardServicer):
                              Status(StatusCode.UNAVAILABLE, f"upstream of {self.node_id} lost", True))
             stream.replies.put(_CLOSE)
 
-    def _handle(self, message, stream: _Stream) -> Optional[t.SeamReply]:
+    def _handle(self, received: shard_service.ReceivedFrame, stream: _Stream) -> Optional[t.SeamReply]:
         arrived = time.monotonic()
         try:
-            frame = seam.from_proto(message)
+            frame = received.decode()
             seam.check_version(frame.version)
         except ProtocolError as err:
             return t.SeamReply(seam.PROTOCOL_VERSION, None, 0, 0, None, self._with_hop(err.status))
@@ -413,7 +411,7 @@ def serve(shard: ShardServer, listen: str, tls: Optional[tuple[bytes, bytes]] = 
                ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), maximum_concurrent_rpcs=workers,
                          options=options)
-    shard_pb2_grpc.add_ShardServicer_to_server(shard, server)
+    shard_service.add_to_server(server, shard)
     diag.add_to_server(server, shard.node_id)
     port = bind(server, listen, tls)
     server.start()
