@@ -111,8 +111,8 @@ class ShardClient:
     def commitments(self, ticket: t.AuditTicket, start: int, count: int, timeout: float) -> tt.SignedCommitments:
         """What the hop committed to for the audit ticket's session, as it signed it (unchecked:
         verify the signature before decoding the body with protocol.commitments.decode_body)."""
-        request = shard_pb2.CommitmentsRequest(ticket=shard_pb2.AuditTicket(body=ticket.body, signature=ticket.signature),
-                                               start=start, count=count)
+        audit = shard_pb2.AuditTicket(body=ticket.body, signature=ticket.signature)
+        request = shard_pb2.CommitmentsRequest(ticket=audit, start=start, count=count)
         reply = self._stub.Commitments(request, timeout=timeout)
         return tt.SignedCommitments(reply.body, reply.signature)
 

@@ -1,8 +1,8 @@
 """Native types of the seam protocol (meshnet.shard.v1), one frozen dataclass per message.
 
-Converted to and from protobuf only in meshnet.protocol (seam, supervision, commitments). Conventions: a sub-message that
-may be absent is Optional (None = absent, which differs from present-but-empty); repeated
-fields are tuples; enums keep the wire numbers.
+Converted to and from protobuf only in meshnet.protocol (seam, supervision, commitments).
+Conventions: a sub-message that may be absent is Optional (None = absent, which differs from
+present-but-empty); repeated fields are tuples; enums keep the wire numbers.
 """
 
 from __future__ import annotations
