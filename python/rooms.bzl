@@ -31,17 +31,17 @@ ROOMS = {
     ),
     "identity": struct(imports = _BASE + ["protocol", "wire"], test_imports = []),
     "relay": struct(imports = _BASE + ["identity", "relay.v1"], test_imports = ["protocol"]),
-    "client": struct(imports = _BASE + ["identity", "protocol", "wire", "shard.v1"], test_imports = []),
+    "client": struct(imports = _BASE + ["identity", "protocol", "wire"], test_imports = []),
     "reference": struct(
-        imports = _BASE + ["identity", "protocol", "recipe", "wire", "shard.v1"],
+        imports = _BASE + ["identity", "protocol", "recipe", "wire"],
         test_imports = [],
     ),
     "tracker": struct(
-        imports = _BASE + ["identity", "protocol", "recipe", "relay", "webserver", "wire", "shard.v1", "tracker.v1"],
+        imports = _BASE + ["identity", "protocol", "recipe", "relay", "webserver", "wire", "tracker.v1"],
         test_imports = [],
     ),
     "node": struct(
-        imports = _BASE + ["identity", "protocol", "recipe", "reference", "relay", "webserver", "wire", "shard.v1"],
+        imports = _BASE + ["identity", "protocol", "recipe", "reference", "relay", "webserver", "wire"],
         test_imports = [],
     ),
     "gateway": struct(
@@ -49,12 +49,12 @@ ROOMS = {
         test_imports = [],
     ),
     "verify": struct(
-        imports = _BASE + ["identity", "memory_cap", "protocol", "recipe", "text", "wire", "shard.v1"],
+        imports = _BASE + ["identity", "memory_cap", "protocol", "recipe", "text", "wire"],
         test_imports = [],
     ),
     # The swarm starts the tracker and nodes as child processes (their libraries in its runfiles).
     "swarm": struct(
-        imports = _BASE + ["client", "gateway", "identity", "node", "protocol", "recipe", "text", "tracker", "shard.v1"],
+        imports = _BASE + ["client", "gateway", "identity", "node", "protocol", "recipe", "text", "tracker", "wire"],
         test_imports = [],
     ),
     "certify": struct(
@@ -62,13 +62,13 @@ ROOMS = {
         test_imports = ["tracker"],
     ),
     "soak": struct(
-        imports = _BASE + ["identity", "protocol", "recipe", "swarm", "tracker", "wire", "shard.v1"],
+        imports = _BASE + ["identity", "protocol", "recipe", "swarm", "tracker", "wire"],
         test_imports = [],
     ),
     "bench": struct(
         imports = _BASE + [
             "certify", "client", "gateway", "identity", "memory_cap", "protocol", "recipe", "reference",
-            "swarm", "tracker", "verify", "wire", "shard.v1",
+            "swarm", "tracker", "verify", "wire",
         ],
         test_imports = [],
     ),
