@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "cpp/protocol/seam.h"
+#include "cpp/wire/seam.h"
 
 struct llama_sampler;
 struct llama_vocab;

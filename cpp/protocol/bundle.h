@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "cpp/protocol/status.h"
-#include "cpp/protocol/tensor.h"
+#include "cpp/wire/status.h"
+#include "cpp/wire/tensor.h"
 
 namespace meshnet::shard::v1 {
 class BundleHeader;
@@ -35,36 +35,6 @@ struct Limits {
   uint32_t max_name_bytes = 128;                // UTF-8 bytes of a tensor name
   // ceil(max_bundle_bytes / max_fragment_bytes): the most fragments a bundle may have.
   uint32_t max_fragments() const;
-};
-
-// Numbers equal the proto enums; values read from the wire are kept verbatim.
-enum class Compression : int32_t { kUnspecified = 0, kNone = 1, kZlib = 2 };
-enum class ByteOrder : int32_t { kUnspecified = 0, kLittle = 1, kBig = 2 };
-
-// Native mirrors of meshnet.shard.v1.TensorSpec / BundleHeader / TensorFragment.
-struct TensorSpec {
-  std::string name;
-  DType dtype = DType::kUnspecified;
-  std::vector<uint64_t> shape;
-  ByteOrder byte_order = ByteOrder::kUnspecified;
-  uint64_t offset = 0;  // into the uncompressed payload
-  uint64_t length = 0;  // product(shape) * ItemSize(dtype)
-  uint32_t crc32 = 0;   // CRC-32 (zlib) of the tensor's bytes as sent
-};
-
-struct BundleHeader {
-  std::vector<TensorSpec> tensors;
-  Compression compression = Compression::kUnspecified;
-  uint64_t payload_bytes = 0;  // uncompressed payload size
-  uint64_t wire_bytes = 0;     // size of the payload the fragments carry
-};
-
-struct TensorFragment {
-  uint64_t bundle_id = 0;
-  uint32_t index = 0;
-  uint32_t count = 0;
-  std::optional<BundleHeader> header;  // fragment 0 only
-  std::string data;                    // slice `index` of the wire payload
 };
 
 void ToProto(const TensorSpec& in, meshnet::shard::v1::TensorSpec* out);

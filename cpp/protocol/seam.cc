@@ -65,8 +65,6 @@ Status CheckVersion(bool present, const pb::ProtocolVersion& version, const char
 
 }  // namespace
 
-ProtocolVersion CurrentVersion() { return ProtocolVersion{kProtocolMajor, kProtocolMinor}; }
-
 // ---- native -> proto --------------------------------------------------------------------
 
 void ToProto(const ProtocolVersion& in, pb::ProtocolVersion* out) {

@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpp/protocol/status.h"
 #include "cpp/worker/service.h"
 
 namespace meshnet::worker {

@@ -26,8 +26,8 @@
 
 #include "cpp/engine/tiny_llama.h"
 #include "cpp/protocol/bundle.h"
-#include "cpp/protocol/tensor.h"
 #include "cpp/protocol/ticket_signer_for_tests.h"
+#include "cpp/wire/tensor.h"
 #include "cpp/worker/service.h"
 #include "cpp/worker/test_hop.h"
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "cpp/protocol/seam.h"
 #include "cpp/worker/hop.h"
 #include "meshnet/shard/v1/shard.grpc.pb.h"
 

@@ -16,8 +16,8 @@
 #include <string>
 #include <thread>
 
-#include "cpp/protocol/seam.h"
-#include "cpp/protocol/status.h"
+#include "cpp/wire/seam.h"
+#include "cpp/wire/status.h"
 
 namespace meshnet::worker {
 

@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "cpp/protocol/seam.h"
+#include "cpp/wire/seam.h"
 #include "cpp/worker/draft.h"
 #include "cpp/worker/hop_context.h"
 

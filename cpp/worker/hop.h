@@ -17,8 +17,8 @@
 
 #include "cpp/protocol/bundle.h"
 #include "cpp/protocol/seam.h"
-#include "cpp/protocol/status.h"
 #include "cpp/protocol/ticket.h"
+#include "cpp/wire/status.h"
 
 namespace meshnet::worker {
 

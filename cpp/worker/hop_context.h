@@ -12,8 +12,8 @@
 #include <memory>
 #include <optional>
 
-#include "cpp/protocol/seam.h"
 #include "cpp/protocol/ticket.h"
+#include "cpp/wire/seam.h"
 #include "cpp/worker/commitments/commitment_log.h"
 #include "cpp/worker/scheduler/scheduler.h"
 #include "cpp/worker/seam_call.h"

@@ -19,7 +19,7 @@
 #include <optional>
 #include <vector>
 
-#include "cpp/protocol/seam.h"
+#include "cpp/wire/seam.h"
 #include "cpp/worker/first_hop.h"
 #include "cpp/worker/hop_context.h"
 #include "cpp/worker/last_hop.h"

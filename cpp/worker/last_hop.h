@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cpp/engine/sampler.h"
-#include "cpp/protocol/seam.h"
+#include "cpp/wire/seam.h"
 #include "cpp/worker/downstream.h"
 #include "cpp/worker/hop_context.h"
 #include "cpp/worker/scheduler/deadline.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "cpp/protocol/tensor.h"
+#include "cpp/wire/tensor.h"
 #include "cpp/worker/hop.h"
 
 namespace meshnet::worker {

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "cpp/protocol/seam.h"
+#include "cpp/protocol/status.h"
+
 namespace meshnet::worker {
 
 namespace pb = meshnet::shard::v1;

@@ -39,8 +39,8 @@
 #include <thread>
 #include <vector>
 
-#include "cpp/protocol/seam.h"
 #include "cpp/protocol/ticket.h"
+#include "cpp/wire/seam.h"
 #include "cpp/worker/scheduler/deadline.h"
 #include "cpp/worker/commitments/commitment_log.h"
 #include "cpp/worker/hop.h"

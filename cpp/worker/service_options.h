@@ -9,8 +9,8 @@
 #include <optional>
 #include <string>
 
-#include "cpp/protocol/seam.h"
 #include "cpp/protocol/ticket.h"
+#include "cpp/wire/seam.h"
 #include "cpp/worker/cheats.h"
 #include "cpp/worker/commitments/commitment_log.h"
 #include "cpp/worker/sessions/sessions.h"

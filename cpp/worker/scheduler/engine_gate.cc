@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpp/protocol/status.h"
+#include "cpp/wire/status.h"
 
 namespace meshnet::worker::test_support {
 

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "cpp/engine/engine.h"
-#include "cpp/protocol/status.h"
+#include "cpp/wire/status.h"
 #include "cpp/worker/scheduler/deadline.h"
 
 namespace meshnet::worker {

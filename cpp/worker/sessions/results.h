@@ -19,7 +19,7 @@
 #include <memory>
 #include <mutex>
 
-#include "cpp/protocol/seam.h"
+#include "cpp/wire/seam.h"
 #include "cpp/worker/sessions/sessions.h"
 
 namespace meshnet::worker {

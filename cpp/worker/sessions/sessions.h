@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "cpp/protocol/seam.h"
-#include "cpp/protocol/status.h"
+#include "cpp/wire/seam.h"
+#include "cpp/wire/status.h"
 
 namespace meshnet::worker {
 

@@ -1,5 +1,5 @@
 """Every field of the seam protocol (proto/meshnet/shard/v1/shard.proto) has code in both
-languages: the C++ side (cpp/protocol, cpp/worker) sets or reads it, and the Python side
+languages: the C++ side (cpp/wire, cpp/protocol, cpp/worker) sets or reads it, and the Python side
 (python/meshnet) reads or writes it. A field added to the proto without a codec or a reader on
 one side fails here, as does a field on the list of known exceptions once both sides handle it
 (the list must shrink with the code). Textual: a C++ accessor (`name()`, `set_name(`,

@@ -1,4 +1,4 @@
-#include "cpp/protocol/tensor.h"
+#include "cpp/wire/tensor.h"
 
 #include <cstring>
 #include <utility>
