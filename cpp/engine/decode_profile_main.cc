@@ -2,7 +2,7 @@
 // binary links: `decode_profile` the shard build (@llama_cpp, patched, no llamafile), and
 // `decode_profile_upstream` upstream's (@llama_cpp_upstream), so both builds run the same steps
 // (issue 31: a 1-node route at 8 streams against llama.cpp batched). Only llama.cpp's public API,
-// plus its scheduler to reach the CPU backend's reference-kernel switch as the engine does.
+// plus its scheduler to reach the CPU backend's switches as the engine does (cpu_switch.h).
 //
 // It loads the whole model, prefills N sequences of P tokens (one sequence per batch, one KV
 // stream per sequence as the worker keeps them), then runs S decode steps of N rows (one per
@@ -32,14 +32,15 @@
 #include <string>
 #include <vector>
 
+#include "cpp/engine/cpu_switch.h"
 #include "ggml-backend.h"
 #include "ggml.h"
-#include "llama-context.h"
 #include "llama.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using meshnet::engine::SetCpuBackendSwitch;
 
 struct OpTotal {
   double ms = 0;
@@ -79,26 +80,6 @@ bool OnEval(ggml_tensor* t, bool ask, void* data) {
   total.ms += std::chrono::duration<double, std::milli>(Clock::now() - profile->asked).count();
   total.count += 1;
   return true;
-}
-
-// Sets a CPU backend switch by its registered name (the reference kernels, patch 0010's F32
-// activations); false when no backend offers it (upstream's build has neither).
-bool SetCpuSwitch(llama_context* ctx, const char* setter) {
-  using Set = void (*)(ggml_backend_t, bool);
-  bool found = false;
-  ggml_backend_sched_t sched = ctx->get_sched();
-  for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
-    ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
-    ggml_backend_dev_t device = ggml_backend_get_device(backend);
-    ggml_backend_reg_t reg = device != nullptr ? ggml_backend_dev_backend_reg(device) : nullptr;
-    if (reg == nullptr) continue;
-    auto set = reinterpret_cast<Set>(ggml_backend_reg_get_proc_address(reg, setter));
-    if (set != nullptr) {
-      set(backend, true);
-      found = true;
-    }
-  }
-  return found;
 }
 
 }  // namespace
@@ -172,8 +153,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "decode_profile: cannot create a context\n");
     return 1;
   }
-  if (reference) SetCpuSwitch(ctx, "ggml_backend_cpu_set_use_ref");
-  if (f32_activations && !SetCpuSwitch(ctx, "ggml_backend_cpu_set_f32_activations")) {
+  if (reference) SetCpuBackendSwitch(ctx, "ggml_backend_cpu_set_use_ref");
+  if (f32_activations && !SetCpuBackendSwitch(ctx, "ggml_backend_cpu_set_f32_activations")) {
     std::fprintf(stderr, "decode_profile: this llama.cpp has no F32 matmul activations (patch 0010)\n");
     return 1;
   }

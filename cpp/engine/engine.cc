@@ -1,4 +1,5 @@
-// See engine.h. With devices.cc, the only files of the worker that call llama.cpp.
+// See engine.h. With devices.cc and cpu_switch.h, the only files of the worker that call
+// llama.cpp.
 #include "engine.h"
 
 #include <cstdio>
@@ -10,9 +11,9 @@
 #include <string>
 #include <utility>
 
+#include "cpp/engine/cpu_switch.h"
 #include "ggml-backend.h"
 #include "gguf.h"
-#include "llama-context.h"  // llama_context::get_sched (reference CPU kernels)
 #include "llama-ext.h"
 #include "llama-model.h"  // llama_internal_get_tensor_map (weight accounting)
 #include "llama.h"
@@ -191,30 +192,6 @@ void Batch::Clear() {
 }
 
 // ---- Context ----
-
-namespace {
-
-// Turns on a switch of every CPU backend of the context (`setter`, e.g.
-// "ggml_backend_cpu_set_use_ref"), through the CPU backend's registry entry point (as llama.cpp
-// itself reaches ggml_backend_set_n_threads). False when no backend of the context has it.
-bool SetCpuBackendSwitch(llama_context* ctx, const char* setter) {
-  using Set = void (*)(ggml_backend_t, bool);
-  bool found = false;
-  ggml_backend_sched_t sched = ctx->get_sched();
-  for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
-    ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
-    ggml_backend_dev_t device = ggml_backend_get_device(backend);
-    ggml_backend_reg_t reg = device != nullptr ? ggml_backend_dev_backend_reg(device) : nullptr;
-    if (reg == nullptr) continue;
-    auto set = reinterpret_cast<Set>(ggml_backend_reg_get_proc_address(reg, setter));
-    if (set == nullptr) continue;
-    set(backend, true);
-    found = true;
-  }
-  return found;
-}
-
-}  // namespace
 
 bool UsesF32Attention(const ContextOptions& options) {
   return options.f32_attention && (!options.unified_kv || options.n_seq == 1);
