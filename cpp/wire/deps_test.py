@@ -27,7 +27,7 @@ def test_the_vocabulary_and_its_users_link_no_protobuf():
     labels = _labels()
     # The query saw the whole closure: the vocabulary itself and llama.cpp under the engine.
     assert "//cpp/wire:wire" in labels
-    assert "//cpp/engine:sampler" in labels
+    assert "//cpp/engine/sampler:sampler" in labels
     assert "//cpp/worker/sessions:sessions" in labels
     assert any(label.startswith("@llama_cpp//") for label in labels)
     assert _forbidden(labels) == []

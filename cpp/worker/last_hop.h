@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "cpp/engine/sampler.h"
+#include "cpp/engine/sampler/sampler.h"
 #include "cpp/wire/seam.h"
 #include "cpp/worker/downstream.h"
 #include "cpp/worker/hop_context.h"

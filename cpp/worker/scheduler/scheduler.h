@@ -166,8 +166,8 @@ class Scheduler {
   // Model facts, fixed after Start.
   int n_embd() const { return n_embd_; }
   int n_vocab() const { return n_vocab_; }
-  // The model's vocabulary (a grammar's tokens, engine/sampler.h); read-only, any thread, until
-  // the engine thread ends (Stop). nullptr on a shard that does not hold the output.
+  // The model's vocabulary (a grammar's tokens, engine/sampler/sampler.h); read-only, any
+  // thread, until the engine thread ends (Stop). nullptr on a shard that does not hold the output.
   const llama_vocab* vocab() const { return vocab_; }
   int n_layer() const { return n_layer_; }
   int layer_start() const { return layer_start_; }

@@ -1,5 +1,5 @@
 """The gateway's grammars through llama.cpp's own grammar parser and sampler (issue 33), as the
-last hop runs them: //cpp/engine:grammar_check over the bundled model's vocabulary.
+last hop runs them: //cpp/engine/sampler:grammar_check over the bundled model's vocabulary.
 
 - Every grammar json_grammar writes for the shared cases parses; each valid document, tokenized
   by the model's tokenizer, is accepted token by token and leaves the grammar complete; no

@@ -10,8 +10,8 @@
 //
 // Lives in the engine package so that only cpp/engine calls llama.cpp. Not thread-safe: one
 // owner (the session's step, serialized by the worker's per-session lock) calls Sample.
-#ifndef MESHNET_CPP_ENGINE_SAMPLER_H_
-#define MESHNET_CPP_ENGINE_SAMPLER_H_
+#ifndef MESHNET_CPP_ENGINE_SAMPLER_SAMPLER_H_
+#define MESHNET_CPP_ENGINE_SAMPLER_SAMPLER_H_
 
 #include <cstdint>
 #include <limits>
@@ -71,4 +71,4 @@ class Sampler {
 
 }  // namespace meshnet::engine
 
-#endif  // MESHNET_CPP_ENGINE_SAMPLER_H_
+#endif  // MESHNET_CPP_ENGINE_SAMPLER_SAMPLER_H_

@@ -1,4 +1,4 @@
-#include "cpp/engine/sampler.h"
+#include "cpp/engine/sampler/sampler.h"
 
 #include <algorithm>
 #include <cmath>

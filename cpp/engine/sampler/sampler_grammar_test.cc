@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cpp/engine/sampler.h"
+#include "cpp/engine/sampler/sampler.h"
 #include "llama.h"
 
 namespace meshnet::engine {

@@ -1,6 +1,6 @@
 // The sampler's greedy choice and logprobs against plain definitions: the first largest logit
 // (std::max_element), and log softmax.
-#include "cpp/engine/sampler.h"
+#include "cpp/engine/sampler/sampler.h"
 
 #include <gtest/gtest.h>
 
