@@ -21,7 +21,7 @@
 #include "cpp/engine/engine.h"
 #include "cpp/engine/tiny_llama.h"
 #include "cpp/worker/service.h"
-#include "cpp/worker/test_hop.h"
+#include "cpp/worker/tests/test_hop.h"
 
 namespace meshnet::worker {
 namespace {

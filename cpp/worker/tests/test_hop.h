@@ -2,8 +2,8 @@
 // hop (scheduler + ShardService + a loopback gRPC server, plaintext or TLS), a fake tracker that
 // signs route tickets for a chain of such hops, a whole-model greedy baseline and a Health
 // call. Each TestHop owns its own engine thread (through its Scheduler).
-#ifndef MESHNET_CPP_WORKER_TEST_HOP_H_
-#define MESHNET_CPP_WORKER_TEST_HOP_H_
+#ifndef MESHNET_CPP_WORKER_TESTS_TEST_HOP_H_
+#define MESHNET_CPP_WORKER_TESTS_TEST_HOP_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -87,4 +87,4 @@ meshnet::shard::v1::HealthReply Health(meshnet::shard::v1::Shard::Stub& stub,
 
 }  // namespace meshnet::worker::test_support
 
-#endif  // MESHNET_CPP_WORKER_TEST_HOP_H_
+#endif  // MESHNET_CPP_WORKER_TESTS_TEST_HOP_H_

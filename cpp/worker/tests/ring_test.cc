@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cpp/worker/service.h"
-#include "cpp/worker/test_hop.h"
+#include "cpp/worker/tests/test_hop.h"
 
 namespace meshnet::worker {
 namespace {

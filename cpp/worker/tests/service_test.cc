@@ -24,7 +24,7 @@
 #include "cpp/engine/tiny_llama.h"
 #include "cpp/protocol/ticket_signer_for_tests.h"
 #include "cpp/worker/scheduler/engine_gate.h"
-#include "cpp/worker/test_hop.h"
+#include "cpp/worker/tests/test_hop.h"
 
 namespace meshnet::worker {
 namespace {

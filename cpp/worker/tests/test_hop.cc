@@ -1,4 +1,4 @@
-#include "cpp/worker/test_hop.h"
+#include "cpp/worker/tests/test_hop.h"
 
 #include <gtest/gtest.h>
 

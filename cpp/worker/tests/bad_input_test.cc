@@ -29,7 +29,7 @@
 #include "cpp/protocol/ticket_signer_for_tests.h"
 #include "cpp/wire/tensor.h"
 #include "cpp/worker/service.h"
-#include "cpp/worker/test_hop.h"
+#include "cpp/worker/tests/test_hop.h"
 
 namespace meshnet::worker {
 namespace {
