@@ -1,5 +1,5 @@
-// tokenize: llama.cpp's own tokenizer as a reference for the gateway's GGUF tokenizer
-// (python/meshnet/gateway/tokenizer_test.py compares the two). Loads only the vocabulary of
+// tokenize: llama.cpp's own tokenizer as a reference for the text room's GGUF tokenizer
+// (python/meshnet/text/tokenizer_test.py compares the two). Loads only the vocabulary of
 // a GGUF (no weights), reads one JSON string per line on stdin and prints, per line, one JSON
 // array of the token ids llama_tokenize gives for it.
 //
