@@ -3,6 +3,15 @@
 Callers encode and decode whole messages here and never see *_pb2 types. Decoding checks the
 protocol version (major 1; any minor) and turns malformed bytes into ProtocolError. Encoding is
 deterministic, so equal native values give equal bytes (the golden frames rely on it).
+
+Why the conversions are written out by hand here, while the tracker protocol's are driven by
+the message descriptors (protocol/descriptors.py): the seam carries every step of every route,
+one frame per token where the route does not ring, and the descriptor-driven form of this codec
+(`descriptor_codec()`, equal bytes and values on every message: seam_test) is slower on exactly
+those frames. //python:codec_bench measures the two in alternating rounds; its figures, in
+docs/evidence/seam-codec/README.md, put a decode step's frame at about 1.4 times the time to
+encode and to decode, and a hidden-state bundle's frames at 0.8 to 0.95 of the throughput.
+A field added to shard.proto is therefore added here by hand; readers_test fails until it is.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from typing import Callable, Iterable, Optional, TypeVar, Union
 
 from google.protobuf.message import DecodeError, Message
 
+from meshnet.protocol.descriptors import DescriptorCodec
 from meshnet.protocol.errors import ProtocolError, invalid
 from meshnet.shard.v1 import shard_pb2 as pb
 from meshnet.wire import seam as t
@@ -354,6 +364,25 @@ def decode_seam_frame(data: bytes) -> t.SeamFrame:
     assert isinstance(frame, t.SeamFrame)
     check_version(frame.version)
     return frame
+
+
+# The seam messages and their parts, for the descriptor-driven form of this codec.
+_DESCRIBED = ("ProtocolVersion", "RouteSession", "Fingerprints", "ShardRange", "TokenSpan", "CacheState", "TensorSpec",
+              "BundleHeader", "TensorFragment", "SamplingParams", "TokenLogprob", "SampledToken", "RouteTicket",
+              "DownstreamHop", "SeamFrame", "SeamReply", "ResultsRequest", "ResultFrame", "HelloRequest", "HelloReply")
+
+
+def descriptor_codec() -> DescriptorCodec:
+    """This codec's messages converted by their descriptors (protocol/descriptors.py), as the
+    tracker protocol is: equal bytes and values (seam_test), measured against the hand-written
+    functions above by //python:codec_bench."""
+    natives: dict[type, type] = {getattr(pb, name): getattr(t, name) for name in _DESCRIBED}
+    natives[pb.Status] = Status
+    return DescriptorCodec(natives, {
+        "meshnet.shard.v1.Phase": t.Phase, "meshnet.shard.v1.DType": t.DType, "meshnet.shard.v1.ByteOrder": t.ByteOrder,
+        "meshnet.shard.v1.Compression": t.Compression, "meshnet.shard.v1.FinishReason": t.FinishReason,
+        "meshnet.shard.v1.StatusCode": StatusCode,
+    })
 
 
 def negotiate(request: t.HelloRequest, peer_id: str, features: Iterable[str] = FEATURES) -> t.HelloReply:

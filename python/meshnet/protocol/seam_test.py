@@ -44,6 +44,14 @@ def test_round_trip(message):
     assert seam.encode(seam.decode(type(message), data)) == data
 
 
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_the_descriptor_driven_form_gives_the_same_bytes_and_values(message):
+    described = seam.descriptor_codec()
+    data = seam.encode(message)
+    assert described.encode(message) == data
+    assert described.decode(type(message), data) == message
+
+
 def test_absent_and_empty_submessages_differ():
     empty = seam.encode(t.SeamFrame(V1, SESSION, t.Phase.DECODE, 2, expected_cache=t.CacheState(0)))
     absent = seam.encode(t.SeamFrame(V1, SESSION, t.Phase.DECODE, 2))
