@@ -3,8 +3,8 @@
 A native class mirrors one message: its dataclass fields carry the proto field names. Each
 field converts by what the descriptor says it is: a sub-message maps through the registry
 (absent -> None), a repeated field becomes a tuple, an enum becomes the registered native
-IntEnum (an unknown number is a ProtocolError), a bytes field accepts any buffer. Encoding is
-deterministic, so equal native values give equal bytes.
+IntEnum (an unknown number is a ProtocolError), a singular bytes field also takes a bytearray
+or memoryview. Encoding is deterministic, so equal native values give equal bytes.
 
 The tracker protocol converts with one of these (protocol/tracker.py). The seam keeps its
 hand-written codec for the reason in protocol/seam.py's docstring; //python:codec_bench measures
@@ -107,7 +107,7 @@ class DescriptorCodec:
             elif field.kind == _ENUM:
                 setattr(message, field.name, int(item))
             elif field.kind == _BYTES:
-                setattr(message, field.name, bytes(item))
+                setattr(message, field.name, bytes(item) if isinstance(item, (bytearray, memoryview)) else item)
             else:
                 setattr(message, field.name, item)
 

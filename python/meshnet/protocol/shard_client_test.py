@@ -125,12 +125,13 @@ def test_health_leaves_absent_messages_none(fake):
     assert client.health(timeout=5) == t.Health(active_sessions=1)
 
 
-def test_health_that_does_not_decode_raises_protocol_error_and_ping_does_not_read_it(fake):
+def test_health_with_a_status_code_this_peer_does_not_know_is_still_an_answer(fake):
+    # A newer worker's status code must not fail a node's heartbeat, its /metrics or the bench.
     shard, client, _ = fake
-    shard.health = pb.HealthReply(status=pb.Status(code=99))
-    with pytest.raises(ProtocolError) as caught:
-        client.health(timeout=5)
-    assert caught.value.code == StatusCode.INVALID_ARGUMENT
+    shard.health = pb.HealthReply(status=pb.Status(code=99, message="new", hop="n1"), active_sessions=2)
+    health = client.health(timeout=5)
+    assert health.status == Status(StatusCode.UNSPECIFIED, "status code 99 unknown to this peer: new", False, "n1")
+    assert health.active_sessions == 2
     client.ping(timeout=5)
 
 

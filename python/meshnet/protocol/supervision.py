@@ -2,7 +2,9 @@
 
 Used by the typed shard client (shard_client.py) and the shard service adapter
 (shard_service.py); nothing else sees these protobuf types. Health decodes every field of
-HealthReply; an absent status or step_times is None. A TakeWork entry always has a session (an
+HealthReply; an absent status or step_times is None. A Health reply is an answer whatever its
+status says: a status code this peer does not know (a newer worker's) reads as UNSPECIFIED with
+the number in its message, so a node, its /metrics and the bench never fail on one. A TakeWork entry always has a session (an
 absent one reads as the empty session, as protobuf reads it).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from meshnet.protocol.seam import status_in, status_out
+from meshnet.wire.status import Status, StatusCode
 from meshnet.shard.v1 import shard_pb2 as pb
 from meshnet.wire import seam as t
 from meshnet.wire import tracker as tt
@@ -27,10 +30,15 @@ def _step_times_out(v: t.StepTimes) -> pb.StepTimes:
                         send_us=v.send_us, reply_us=v.reply_us, queue_us=v.queue_us, engine_us=v.engine_us)
 
 
+def _health_status_in(m: pb.Status) -> Status:
+    if m.code in StatusCode._value2member_map_:
+        return status_in(m)
+    return Status(StatusCode.UNSPECIFIED, f"status code {m.code} unknown to this peer: {m.message}", m.retryable, m.hop)
+
+
 def health_in(m: pb.HealthReply) -> t.Health:
-    """ProtocolError for a status code this peer does not know."""
     return t.Health(
-        status=status_in(m.status) if m.HasField("status") else None,
+        status=_health_status_in(m.status) if m.HasField("status") else None,
         active_sessions=m.active_sessions, queue_depth=m.queue_depth, kv_cells_used=m.kv_cells_used,
         kv_cells_total=m.kv_cells_total, batches=m.batches, mean_batch_rows=m.mean_batch_rows,
         max_batch_sessions=m.max_batch_sessions, compute_us=m.compute_us, seam_frames_in=m.seam_frames_in,
