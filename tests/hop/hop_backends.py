@@ -133,9 +133,12 @@ class Chain:
         return tickets.issue(signer or self.tracker, self.body(hop, session, **changes))
 
     def downstream(self, session: t.RouteSession, address: Optional[str] = None) -> tuple[t.DownstreamHop, ...]:
+        """B's ticket, as a seam minor 1 sender writes it; with `address`, the entry a 1.0 sender
+        wrote (node id, address, range), naming that address instead of B's."""
         b = self.b
-        return (t.DownstreamHop(b.node_id, address or b.address, t.ShardRange(*b.layers, b.layers[0]),
-                                self.ticket(b, session)),)
+        if address is None:
+            return (t.DownstreamHop("", "", None, self.ticket(b, session)),)
+        return (t.DownstreamHop(b.node_id, address, t.ShardRange(*b.layers, b.layers[0]), self.ticket(b, session)),)
 
     def stop(self) -> None:
         for hop in self.hops:
@@ -182,7 +185,7 @@ def prefill(chain: Chain, session: t.RouteSession, prompt: Sequence[int], **over
     a = chain.a
     fields = dict(version=V, session=session, phase=t.Phase.PREFILL, step=1,
                   range=t.ShardRange(a.layers[0], a.layers[1], a.layers[0]), span=t.TokenSpan(0, len(prompt)),
-                  token_ids=tuple(prompt), expected_cache=t.CacheState(0), sampling=t.SamplingParams(),
+                  token_ids=tuple(prompt), sampling=t.SamplingParams(),
                   downstream=chain.downstream(session), ticket=chain.ticket(a, session))
     fields.update(overrides)
     return t.SeamFrame(**fields)
@@ -235,7 +238,7 @@ class HonestSession:
         out, position = [self._first], len(self.prompt)
         for step in range(2, self.tokens + 1):
             self.stream.send(t.SeamFrame(V, self.session, t.Phase.DECODE, step, span=t.TokenSpan(position, 1),
-                                         token_ids=(out[-1],), expected_cache=t.CacheState(position)))
+                                         token_ids=(out[-1],)))
             position += 1
             out.append(self._next())
         self.stream.send(control(self.session, t.Phase.RELEASE))

@@ -235,7 +235,10 @@ def six_hundred_streams(chain, honest):
     attacker.close()
 
 
-def downstream_not_in_ticket(chain, honest):
+def downstream_from_the_ticket_only(chain, honest):
+    """Seam minor 1 (ADR 0021): a hop dials the node its ticket names. A sender naming another
+    address (a 1.0 entry) does not redirect it: the step runs through B and the trap sees no
+    connection. An entry without the next hop's ticket is refused."""
     trap = socket.socket()
     trap.bind(("127.0.0.1", 0))
     trap.listen(4)
@@ -243,9 +246,12 @@ def downstream_not_in_ticket(chain, honest):
     session = rs("rs-redirect")
     frame = prefill(chain, session, PROMPT, downstream=chain.downstream(session, f"127.0.0.1:{trap.getsockname()[1]}"))
     s = Stream(chain.a.channel)
-    assert code(s.ask(frame)) == StatusCode.PERMISSION_DENIED
+    assert code(s.ask(frame)) == StatusCode.OK  # run here and forwarded to B, the ticket's node
     with pytest.raises(socket.timeout):
-        trap.accept()  # nothing was dialled
+        trap.accept()  # the sender's address was never dialled
+    assert code(s.ask(control(session, t.Phase.RELEASE))) == StatusCode.OK
+    no_ticket = prefill(chain, rs("rs-no-next-ticket"), PROMPT, downstream=(t.DownstreamHop("", "", None),))
+    assert code(s.ask(no_ticket)) == StatusCode.INVALID_ARGUMENT
     trap.close()
     s.close()
 
@@ -269,8 +275,8 @@ def plaintext_connection(chain, honest):
 
 CASES = [no_ticket, forged_signature, ticket_for_another_session, ticket_for_another_node, ticket_for_another_epoch,
          ticket_for_another_range, expired_ticket, second_results_reader, foreign_release_and_cancel, maximum_epoch,
-         newer_epoch_fences_the_older, ten_thousand_session_ids, announced_256_mib, compression_bomb, six_hundred_streams, downstream_not_in_ticket,
-         nan_activations, plaintext_connection]
+         newer_epoch_fences_the_older, ten_thousand_session_ids, announced_256_mib, compression_bomb, six_hundred_streams,
+         downstream_from_the_ticket_only, nan_activations, plaintext_connection]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])

@@ -4,11 +4,14 @@ The client asks the tracker for a route (a signed ticket per hop), opens one Sea
 first hop and a Results stream on the last hop, each over TLS pinned to the hop's registered
 certificate, presents the first hop's ticket (the others travel with the frame, one per hop) and
 proves with its key that it opened the route when it reads results; it prefills the prompt.
-On a route of GGUF hops it asks for ring decode (docs/adr/0005-ring-decode.md): the last hop
-sends each sampled token straight to the first hop as the next step, so the client is off the
-per-token path and only reads Results until the last hop reports a finish reason. Otherwise
+The route's shape is the tracker's alone (docs/adr/0021-the-route-decided-once.md): the first
+frame carries the other hops' tickets in route order, and each hop dials what its own ticket
+names. When the route reply says the route rings, the client asks for ring decode
+(docs/adr/0005-ring-decode.md): the last hop sends each sampled token straight to the first hop
+as the next step, so the client is off the per-token path and only reads Results. Otherwise
 (a reference hop on the route, or GenerationParams.ring off) it sends one decode step per token
-it receives.
+it receives. Either way the last hop decides the end: the client stops at the finish reason it
+reports with a token (STOP or LENGTH), which `finish_reason` then holds.
 On a hop failure it reports the failing node, takes the new epoch's route and replays prompt +
 tokens already delivered as a fresh prefill, so the caller sees every token exactly once.
 Blame: the client reports a hop as failed only when it saw that hop fail (its own stream to it
@@ -95,6 +98,7 @@ class _Connection:
     def __init__(self, route: tt.RouteReply, tracker: TrackerClient, insecure: bool) -> None:
         self.route = route.session
         self.hops = route.hops
+        self.rings = route.ring  # the tracker's word: the last hop's ticket names the first hop
         self.events: queue.Queue = queue.Queue()
         # Flow control: frames sent and not yet answered stay below the first hop's last credits.
         self._credit = threading.Condition()
@@ -219,6 +223,9 @@ class RouteClient:
         self.failovers: list[tuple[int, str]] = []  # (new epoch, failed node) per failover
         self.ttft: Optional[float] = None  # seconds from generate() to the first token
         self.frames_sent = 0  # Seam frames written to first hops, all epochs (ring decode: 2 per epoch)
+        # What the last hop reported with the final token (STOP or LENGTH); None until then, or
+        # when the generation ended otherwise (cancelled, failed, the caller stopped reading).
+        self.finish_reason: Optional[t.FinishReason] = None
         self._lease_seconds = 0.0  # the current route's lease (0: none given)
         self._renew_at = float("inf")  # monotonic time of the next lease renewal
 
@@ -243,6 +250,7 @@ class RouteClient:
         if not prompt_ids:
             raise ValueError("empty prompt")
         started = time.perf_counter()
+        self.finish_reason = None
         delivered: list[int] = []
         request = tt.OpenRouteRequest(self._model, self._client_id, len(prompt_ids) + params.max_tokens)
         reply = self._open_route(request, params.route_wait)
@@ -294,42 +302,40 @@ class RouteClient:
 
     def _run(self, conn: _Connection, ids: list[int], params: GenerationParams,
              budget: int, delivered: tuple[int, ...]) -> Iterator[t.SampledToken]:
-        ring = params.ring and tt.ring_decode_capable([h.node for h in conn.hops])
-        # In ring decode the last hop counts the tokens, so it is told the budget.
+        ring = params.ring and conn.rings
+        # The last hop counts the tokens and knows the stop tokens: it decides the end.
         # A grammar is fed the tokens delivered before a failover, so that it goes on where it was.
         sampling = t.SamplingParams(params.temperature, params.top_k, params.top_p, params.seed,
-                                    budget if ring else 0, tuple(params.stop_token_ids), params.top_logprobs,
+                                    budget, tuple(params.stop_token_ids), params.top_logprobs,
                                     params.grammar, delivered if params.grammar else ())
-
-        def hop_entry(h: tt.Hop) -> t.DownstreamHop:
-            return t.DownstreamHop(h.node.node_id, h.node.address,
-                                   t.ShardRange(h.node.layers.start, h.node.layers.end, h.layers.start), h.ticket)
-
-        # The ring's last entry is the first hop, with its ticket: the last hop binds the ring with it.
-        downstream = tuple(hop_entry(h) for h in conn.hops[1:]) + ((hop_entry(conn.hops[0]),) if ring else ())
-        first = conn.hops[0]
+        # The other hops' tickets in route order (each hop dials the node its own ticket names);
+        # in the ring, last the first hop's, with which the last hop binds the ring.
+        later = conn.hops[1:] + (conn.hops[:1] if ring else ())
+        downstream = tuple(t.DownstreamHop("", "", None, h.ticket) for h in later)
         step = itertools.count(1)
         position = len(ids)
         conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.PREFILL, next(step),
-                              range=t.ShardRange(first.node.layers.start, first.node.layers.end, first.layers.start),
-                              span=t.TokenSpan(0, len(ids)), token_ids=tuple(ids), expected_cache=t.CacheState(0),
-                              sampling=sampling, downstream=downstream, ticket=first.ticket, ring=ring,
+                              span=t.TokenSpan(0, len(ids)), token_ids=tuple(ids), sampling=sampling,
+                              downstream=downstream, ticket=conn.hops[0].ticket, ring=ring,
                               draft_max=params.speculate if ring else 0))
         for produced in range(budget):
             event = self._next_event(conn, params.first_token_timeout if produced == 0 else params.stall_timeout,
                                      params.token_timeout, params.probe_timeout)
             sampled = event.tokens[0]
-            token = sampled.token_id
+            if event.finish_reason in (t.FinishReason.STOP, t.FinishReason.LENGTH):
+                self.finish_reason = event.finish_reason  # set before the last token is yielded
             yield sampled
-            if event.finish_reason in (t.FinishReason.STOP, t.FinishReason.LENGTH) or \
-                    token in params.stop_token_ids or produced + 1 == budget:
+            if self.finish_reason is not None:
                 return
             if ring:
                 continue  # the last hop sent this token on to the first hop itself
             conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.DECODE, next(step),
-                                  span=t.TokenSpan(position, 1), token_ids=(token,),
-                                  expected_cache=t.CacheState(position)))
+                                  span=t.TokenSpan(position, 1), token_ids=(sampled.token_id,)))
             position += 1
+        # Only a 1.0 last hop, which reported LENGTH in the ring alone, gets here: the budget the
+        # client asked for bounds what it reads either way.
+        log("finish_unreported", session=conn.route.session_id, tokens=budget)
+        self.finish_reason = t.FinishReason.LENGTH
 
     def _next_event(self, conn: _Connection, timeout: float, probe_every: float,
                     probe_timeout: float) -> t.ResultFrame:

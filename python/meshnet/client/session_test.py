@@ -1,7 +1,10 @@
-"""The client's flow control: frames in flight stay below the first hop's credits.
+"""The client's flow control, and the route's shape taken from the tracker and the last hop.
 
 A _Connection is built without its gRPC streams (a test fake of the first hop's Seam stream
-takes the frames sent and feeds `_read_seam`), so only the credit accounting is under test."""
+takes the frames sent and feeds `_read_seam`), so only the credit accounting is under test.
+`_run` is driven over a test fake connection (frames sent are kept, result frames are queued as
+the last hop's Results would deliver them): the downstream list is the other hops' tickets, the
+ring is the route reply's, and the end is the finish reason the last hop reports (issue 34)."""
 
 from __future__ import annotations
 
@@ -76,3 +79,53 @@ def test_a_stream_that_ends_releases_waiting_senders(conn):
     conn.send(frame())
     conn._seam.replies.put(_END)
     conn.send(frame(), timeout=2)  # the reader ended: the failure surfaces as an event, not a hang
+
+
+def fake_connection(rings: bool):
+    """Test fake of a _Connection over three hops: keeps what `_run` sends, feeds it `events`."""
+    hops = tuple(SimpleNamespace(node=SimpleNamespace(node_id=f"n-{i}"),
+                                 ticket=t.RouteTicket(f"body-{i}".encode(), b"signature")) for i in range(3))
+    sent: list = []
+    conn = SimpleNamespace(route=ROUTE, hops=hops, rings=rings, events=queue.Queue(),
+                           send=lambda f, timeout=5.0: sent.append(f))
+    return conn, sent
+
+
+def token(token_id: int, finish: t.FinishReason = t.FinishReason.UNSPECIFIED) -> t.ResultFrame:
+    return t.ResultFrame(seam.PROTOCOL_VERSION, ROUTE, 1, (t.SampledToken(token_id, 0, 0.0),), finish,
+                         Status(StatusCode.OK))
+
+
+@pytest.mark.parametrize("rings, asked, ring", [(True, True, True), (False, True, False), (True, False, False)])
+def test_the_route_s_shape_is_the_tracker_s_and_the_end_the_last_hop_s(rings, asked, ring):
+    conn, sent = fake_connection(rings)
+    for event in (token(11), token(2), token(12, t.FinishReason.STOP), token(13)):
+        conn.events.put(event)  # 2 is a stop token the last hop did not end at: not the client's call
+    client = session.RouteClient(None, "smol")
+    params = session.GenerationParams(max_tokens=10, stop_token_ids=(2,), ring=asked)
+    assert [s.token_id for s in client._run(conn, [1, 5, 9], params, 10, ())] == [11, 2, 12]
+    assert client.finish_reason == t.FinishReason.STOP
+    prefill = sent[0]
+    later = list(conn.hops[1:]) + ([conn.hops[0]] if ring else [])
+    assert [d.ticket for d in prefill.downstream] == [h.ticket for h in later]  # tickets, in route order
+    assert all((d.node_id, d.address, d.range) == ("", "", None) for d in prefill.downstream)
+    assert prefill.ring is ring and prefill.range is None and prefill.expected_cache is None
+    assert prefill.sampling.max_tokens == 10 and prefill.sampling.stop_token_ids == (2,)
+    decodes = sent[1:]
+    assert [f.token_ids for f in decodes] == ([] if ring else [(11,), (2,)])  # none after the finish
+    assert all(f.expected_cache is None and f.work_id == "" for f in decodes)
+
+
+def test_length_is_the_last_hop_s_and_a_silent_one_is_bounded_by_the_budget():
+    conn, _ = fake_connection(True)
+    for event in (token(11), token(12, t.FinishReason.LENGTH), token(13)):
+        conn.events.put(event)
+    client = session.RouteClient(None, "smol")
+    assert [s.token_id for s in client._run(conn, [1], session.GenerationParams(max_tokens=5), 5, ())] == [11, 12]
+    assert client.finish_reason == t.FinishReason.LENGTH
+    conn, _ = fake_connection(True)  # a 1.0 last hop reports no finish: the budget still bounds the read
+    for event in (token(11), token(12), token(13)):
+        conn.events.put(event)
+    client = session.RouteClient(None, "smol")
+    assert [s.token_id for s in client._run(conn, [1], session.GenerationParams(max_tokens=2), 2, ())] == [11, 12]
+    assert client.finish_reason == t.FinishReason.LENGTH

@@ -121,7 +121,8 @@ class _Generation:
             self.completion_tokens += 1
             self.app.metrics.completion_tokens.labels(self.served.name).inc()
             self._pending.append(token)
-            if token.token_id in self.params.stop_token_ids:
+            finished = self._stream.finish_reason  # the last hop's word on this token (seam minor 1)
+            if finished == t.FinishReason.STOP:
                 self.finish_reason = "stop"
                 break  # a stop token: its text is not part of the answer
             piece = self.text.feed(token.token_id)

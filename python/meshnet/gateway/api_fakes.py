@@ -73,7 +73,8 @@ class FakeMarkerTokenizer(FakeTokenizer):
 
 
 class FakeStream:
-    """Test fake of generation.TokenStream: yields `reply`'s bytes or ids (then EOS), or fails."""
+    """Test fake of generation.TokenStream: yields `reply`'s bytes or ids (then EOS), or fails;
+    like a last hop, it reports STOP with EOS and LENGTH with the max_tokens-th token."""
 
     def __init__(self, reply: Union[bytes, list[int]], max_tokens: int, failure: Optional[Status], gap: float) -> None:
         ids = list(reply)[:max_tokens]
@@ -82,6 +83,7 @@ class FakeStream:
         self.ids, self.failure, self.gap = ids, failure, gap
         self.cancelled = False
         self.failovers = 0
+        self.finish_reason: Optional[t.FinishReason] = None
 
     async def next(self) -> Optional[t.SampledToken]:
         if self.failure is not None:
@@ -90,6 +92,10 @@ class FakeStream:
         if self.cancelled or not self.ids:
             return None
         token = self.ids.pop(0)
+        if token == EOS:
+            self.ids, self.finish_reason = [], t.FinishReason.STOP
+        elif not self.ids:
+            self.finish_reason = t.FinishReason.LENGTH
         return t.SampledToken(token, 0, -0.5, (t.TokenLogprob(token, -0.5),))
 
     def cancel(self) -> None:

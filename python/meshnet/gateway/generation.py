@@ -31,6 +31,9 @@ class TokenStream:
     def __init__(self, session: RouteClient, prompt_ids: Sequence[int], params: GenerationParams,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.session = session
+        # The last hop's finish reason (STOP or LENGTH), known once next() returned the token it
+        # came with; None before that and when the generation ended otherwise.
+        self.finish_reason: Optional[t.FinishReason] = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = loop
         self._done = threading.Event()
@@ -47,7 +50,7 @@ class TokenStream:
     def _run(self, prompt_ids: list[int], params: GenerationParams) -> None:
         try:
             for token in self.session.stream(prompt_ids, params):
-                self._put(token)
+                self._put((token, self.session.finish_reason))  # set before the last token is yielded
             self._put(_END)
         except MeshnetError as err:
             self._put(err)
@@ -64,7 +67,8 @@ class TokenStream:
         if isinstance(item, MeshnetError):
             self._queue.put_nowait(item)
             raise item
-        return item
+        token, self.finish_reason = item
+        return token
 
     def cancel(self) -> None:
         if not self._done.is_set():

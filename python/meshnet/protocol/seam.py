@@ -28,7 +28,7 @@ from meshnet.wire import seam as t
 from meshnet.wire.ids import SessionId
 from meshnet.wire.status import Status, StatusCode
 
-PROTOCOL_VERSION = t.ProtocolVersion(major=1, minor=0)
+PROTOCOL_VERSION = t.ProtocolVersion(major=1, minor=1)  # minor 1: docs/adr/0021-the-route-decided-once.md
 SUPPORTED_MAJORS = (1,)
 FEATURES = ("compression.zlib", "logprobs")
 

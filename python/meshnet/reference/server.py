@@ -37,7 +37,7 @@ from meshnet.protocol.errors import ProtocolError, exhausted, invalid
 from meshnet.protocol.shard_client import ShardClient
 from meshnet.reference.model import ReferenceEngine
 from meshnet.reference.sampling import Sampler
-from meshnet.reference.sessions import Options, Refusal, ResultsTable, Session, SessionTable
+from meshnet.reference.sessions import Options, Refusal, ResultsTable, Session, SessionTable, next_hop
 from meshnet.wire import seam as t
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import Status, StatusCode
@@ -104,6 +104,7 @@ class _Live:
 
     downstream: Optional[_Downstream] = None
     sampler: Optional[Sampler] = None
+    generated: int = 0  # tokens sampled in this session (the last hop ends it at max_tokens)
     reassembler: Optional[bundle.Reassembler] = None
 
 
@@ -349,14 +350,13 @@ class ShardServer:
             body = session.ticket
             certificate = body.downstream_tls_certificate.encode() or None
             upstream = session.stream.replies
-            live.downstream = _Downstream(frame.downstream[0], certificate, lambda status: upstream.put(
+            live.downstream = _Downstream(next_hop(body, frame.downstream), certificate, lambda status: upstream.put(
                 t.SeamReply(seam.PROTOCOL_VERSION, frame.session, session.last_step, 0, None, status)))
-        nxt = live.downstream.hop
         fragments = bundle.encode_bundle([tensors.from_torch(HIDDEN, hidden.contiguous())], frame.step)
         budget_ms = max(1, int((deadline - time.monotonic()) * 1000)) if deadline is not None else 0
         for fragment in fragments:
             live.downstream.send(dataclasses.replace(
-                frame, token_ids=(), fragment=fragment, range=nxt.range, downstream=frame.downstream[1:],
+                frame, token_ids=(), fragment=fragment, range=None, downstream=frame.downstream[1:],
                 budget_ms=budget_ms))
 
     def _emit(self, session: Session, frame: t.SeamFrame, logits: torch.Tensor, length: int) -> None:
@@ -364,7 +364,11 @@ class ShardServer:
         sampler = live.sampler or Sampler(t.SamplingParams())
         live.sampler = sampler
         token = sampler.sample(logits, length)
-        finish = t.FinishReason.STOP if token.token_id in sampler.params.stop_token_ids else t.FinishReason.UNSPECIFIED
+        live.generated += 1
+        # The last hop decides the end (seam minor 1): a stop token, else the budget reached.
+        limit = sampler.params.max_tokens
+        finish = (t.FinishReason.STOP if token.token_id in sampler.params.stop_token_ids else
+                  t.FinishReason.LENGTH if limit and live.generated >= limit else t.FinishReason.UNSPECIFIED)
         self.results.push(session.key, (t.ResultFrame(seam.PROTOCOL_VERSION, frame.session, frame.step, (token,),
                                                       finish, Status(StatusCode.OK)),))
 

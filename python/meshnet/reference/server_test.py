@@ -435,6 +435,8 @@ def _route(first: Node, last: Node, session: t.RouteSession, downstream_address:
 
 
 def test_a_hop_forwards_only_to_the_ticket_s_downstream(chain):
+    """The hop dials the node its ticket names with the ticket the frame carries for it; what a
+    1.0 sender's entry says about where to dial does not count."""
     first, last = chain
     h = t.RouteSession("honest", 1)
     ticket_first, ticket_last, hop = _route(first, last, h)
@@ -445,14 +447,21 @@ def test_a_hop_forwards_only_to_the_ticket_s_downstream(chain):
     assert token_of(tokens) == 4  # over TLS, pinned to the ticket's certificate
     frames_at_last = last.health().seam_frames_in
 
-    ticket_probe, _, stray = _route(first, last, S, downstream_address="127.0.0.1:9")
+    # Refusals first: nothing is run, dialled or sent.
     probe = Stream(first)
-    refused = probe.send(frame(S, 1, ticket=ticket_probe, downstream=(stray,)))
-    assert refused.status.code == StatusCode.PERMISSION_DENIED
     no_downstream = probe.send(frame(S, 1, ticket=ticket(S, first), downstream=(hop,)))
     assert no_downstream.status.code == StatusCode.PERMISSION_DENIED  # a last-hop ticket on a middle hop
+    unticketed = probe.send(frame(S, 1, ticket=ticket(S, first, downstream=last),
+                                  downstream=(t.DownstreamHop("", "", None),)))
+    assert unticketed.status.code == StatusCode.INVALID_ARGUMENT  # no ticket to present to the next hop
     assert first.shard.session_records() == 1 and first.engine.steps == 1
-    assert last.health().seam_frames_in == frames_at_last  # nothing was dialled or sent
+    assert last.health().seam_frames_in == frames_at_last
+    # A 1.0 entry naming another address (seam minor 1, ADR 0021): the hop dials the ticket's node.
+    ticket_probe, _, stray = _route(first, last, S, downstream_address="127.0.0.1:9")
+    redirected = probe.send(frame(S, 1, ticket=ticket_probe, downstream=(stray,)))
+    assert redirected.status.ok
+    wait_until(lambda: last.health().seam_frames_in > frames_at_last)  # it reached n-last
+    assert probe.send(frame(S, 2, t.Phase.RELEASE)).status.ok
 
     assert upstream.send(frame(h, 2, t.Phase.DECODE, 3, (4,))).status.ok
     assert token_of(tokens) == 5

@@ -74,23 +74,30 @@ def _error(code: StatusCode, message: str, retryable: bool = False) -> Status:
 
 def check_downstream(body: t.TicketBody, downstream: tuple[t.DownstreamHop, ...], last_hop: bool,
                      insecure: bool) -> Status:
-    """ADR 0003 rule 5: a frame may name only the downstream its ticket names, and a hop that
-    is not the last needs a ticket that names one (with a certificate, unless insecure)."""
+    """ADR 0003 rule 5 as seam minor 1 reads it (docs/adr/0021-the-route-decided-once.md): a hop
+    forwards only to the node its ticket names, so the frame's downstream list carries the later
+    hops' tickets and nothing else in it counts. A last-hop ticket admits no downstream list; a
+    hop that is not the last needs a ticket that names a downstream (with a certificate, unless
+    insecure) and, in the list, that hop's ticket to present."""
     if downstream and not body.downstream_node_id:
         return _error(StatusCode.PERMISSION_DENIED, "a last-hop ticket admits no downstream hop")
     if last_hop:
         return OK
     if not body.downstream_node_id:
         return _error(StatusCode.PERMISSION_DENIED, "not the last hop, but the ticket names no downstream hop")
-    if downstream and (downstream[0].node_id, downstream[0].address) != (body.downstream_node_id,
-                                                                         body.downstream_address):
-        return _error(StatusCode.PERMISSION_DENIED,
-                      f"downstream {downstream[0].node_id}@{downstream[0].address} is not the ticket's "
-                      f"{body.downstream_node_id}@{body.downstream_address}")
+    if downstream and downstream[0].ticket is None:
+        return _error(StatusCode.INVALID_ARGUMENT, "the downstream list carries no ticket for the next hop")
     if not body.downstream_tls_certificate and not insecure:
         return _error(StatusCode.PERMISSION_DENIED, "the ticket names no downstream certificate (plaintext "
                                                     "needs --insecure)")
     return OK
+
+
+def next_hop(body: t.TicketBody, downstream: tuple[t.DownstreamHop, ...]) -> t.DownstreamHop:
+    """The hop to dial: the node and address the verified ticket names, with the ticket that
+    the downstream list carries for it (check_downstream passed). A 1.0 sender's node id,
+    address and range in the list are ignored."""
+    return t.DownstreamHop(body.downstream_node_id, body.downstream_address, None, downstream[0].ticket)
 
 
 class SessionTable:

@@ -7,7 +7,7 @@ import pytest
 
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
-from meshnet.reference.sessions import Options, Refusal, ResultsTable, SessionTable, check_downstream
+from meshnet.reference.sessions import Options, Refusal, ResultsTable, SessionTable, check_downstream, next_hop
 from meshnet.wire import seam as t
 from meshnet.wire.status import StatusCode
 
@@ -105,21 +105,27 @@ def test_fences_are_bounded_and_dropped_once_their_tickets_expired():
     assert sessions.fence_count() == 2
 
 
-def test_downstream_must_be_the_ticket_s():
-    hop = t.DownstreamHop("n-next", "10.0.0.2:7000", None)
+def test_the_downstream_is_the_ticket_s():
+    """Seam minor 1 (ADR 0021): the hop dials what its ticket names; the list carries tickets."""
+    next_ticket = t.RouteTicket(b"body", b"signature")
+    entry = t.DownstreamHop("", "", None, next_ticket)
     body = tickets.open_ticket(ticket(downstream=("n-next", "10.0.0.2:7000"), cert="PEM"), TRACKER.public_key)
     last = tickets.open_ticket(ticket(), TRACKER.public_key)
-    assert check_downstream(body, (hop,), last_hop=False, insecure=False).ok
-    stray = t.DownstreamHop("n-next", "10.0.0.9:7000", None)
-    assert check_downstream(body, (stray,), False, False).code == StatusCode.PERMISSION_DENIED
-    assert check_downstream(last, (hop,), True, False).code == StatusCode.PERMISSION_DENIED  # last hop: none
+    assert check_downstream(body, (entry,), last_hop=False, insecure=False).ok
+    assert next_hop(body, (entry,)) == t.DownstreamHop("n-next", "10.0.0.2:7000", None, next_ticket)
+    stray = t.DownstreamHop("n-other", "10.0.0.9:7000", t.ShardRange(2, 4, 2), next_ticket)  # as 1.0 wrote it
+    assert check_downstream(body, (stray,), False, False).ok
+    assert next_hop(body, (stray,)) == t.DownstreamHop("n-next", "10.0.0.2:7000", None, next_ticket)  # ignored
+    unticketed = t.DownstreamHop("n-next", "10.0.0.2:7000", None)
+    assert check_downstream(body, (unticketed,), False, False).code == StatusCode.INVALID_ARGUMENT
+    assert check_downstream(last, (entry,), True, False).code == StatusCode.PERMISSION_DENIED  # last hop: none
     assert check_downstream(last, (), False, True).code == StatusCode.PERMISSION_DENIED  # middle hop, no downstream
     plain = tickets.open_ticket(ticket(downstream=("n-next", "10.0.0.2:7000")), TRACKER.public_key)
-    assert check_downstream(plain, (hop,), False, False).code == StatusCode.PERMISSION_DENIED
-    assert check_downstream(plain, (hop,), False, True).ok
+    assert check_downstream(plain, (entry,), False, False).code == StatusCode.PERMISSION_DENIED
+    assert check_downstream(plain, (entry,), False, True).ok
     middle = table(Clocks(), last_hop=False)
-    refused = middle.admit(route(), ticket(downstream=("n-next", "10.0.0.2:7000"), cert="PEM"), A, True, (stray,))
-    assert refused.status.code == StatusCode.PERMISSION_DENIED and middle.count() == 0 and middle.fence_count() == 0
+    refused = middle.admit(route(), ticket(downstream=("n-next", "10.0.0.2:7000"), cert="PEM"), A, True, (unticketed,))
+    assert refused.status.code == StatusCode.INVALID_ARGUMENT and middle.count() == 0 and middle.fence_count() == 0
 
 
 def test_steps_replay_work_and_idle():

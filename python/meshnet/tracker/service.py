@@ -291,7 +291,7 @@ class TrackerService:
                 nxt.node_id if nxt else "", nxt.address if nxt else "", nxt.public_key if nxt else b"",
                 nxt.tls_certificate if nxt else "", client_key, keys.principal(client_key), expires)
             hops.append(dataclasses.replace(hop, ticket=route_tickets.issue(self._ticket_key, body)))
-        return dataclasses.replace(reply, hops=tuple(hops))
+        return dataclasses.replace(reply, hops=tuple(hops), ring=ring is not None)
 
 
 def unreachable(address: str, timeout: float = REACHABILITY_TIMEOUT_S) -> str:

@@ -5,7 +5,7 @@ not at the end of its lease) and the client is told to retry, without any intern
 client_id that is not printable text (a NUL) is refused before anything is written. A real
 tracker on loopback over a test fake ledger whose writes can be made to fail. Issue 34: a
 failover is ticketed from the session record the store wrote, never read back (on etcd each read
-is a round trip)."""
+is a round trip); the route reply says whether the route rings, as its tickets do (ADR 0021)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 import grpc
 import pytest
 
+from meshnet.identity import tickets
 from meshnet.identity.keys import Identity
 from meshnet.identity.roles import new_role_tokens
 from meshnet.protocol.tracker_client import TrackerClient
@@ -29,9 +30,9 @@ from meshnet.wire.status import StatusCode
 MODEL = CertifiedModel("smol", "llama", 30, "sha256:art", "sha256:rec")
 
 
-def node_info(key: Identity, sessions: int) -> tt.NodeInfo:
-    """A whole-model GGUF node of MODEL that takes `sessions` sessions at a time."""
-    return tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama",
+def node_info(key: Identity, sessions: int, backend: tt.BackendKind = tt.BackendKind.GGUF) -> tt.NodeInfo:
+    """A whole-model node of MODEL (GGUF unless `backend`) that takes `sessions` sessions at a time."""
+    return tt.NodeInfo(key.node_id, "127.0.0.1:9", backend, "smol", "llama",
                        Fingerprints("sha256:art", "sha256:rec"), "", tt.LayerRange(0, 30),
                        tt.Capacity(sessions, 4096, 0), 30, key.public_key, "")
 
@@ -263,6 +264,31 @@ def test_a_failover_is_ticketed_from_the_record_written_without_reading_it_back(
             over = node.report_work(tt.WorkReport(key.node_id, (tt.WorkEntry(moved.session, 0, 1),), 2))
             assert over.status.code == StatusCode.INVALID_ARGUMENT  # the budget of 64 came with the record
             assert [(t.client_id, t.decode_tokens) for t in ledger.totals_by_client()] == [("key:alice", 60)]
+    finally:
+        server.stop(grace=0).wait()
+        ledger.close()
+
+
+@pytest.mark.parametrize("backend, rings", [(tt.BackendKind.GGUF, True), (tt.BackendKind.REFERENCE, False)])
+def test_the_route_reply_says_whether_it_rings_as_the_tickets_do(tmp_path, backend, rings):
+    """Issue 34: the client no longer works out the ring from the hops' backends; the tracker
+    says it once, beside the last hop's ticket that names the first hop (or no one)."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    tracker_key = Identity.generate()
+    tokens = new_role_tokens()
+    server, port = serve(Registry([MODEL], lease_seconds=30), ledger, "127.0.0.1:0", tokens, tracker_key)
+    address = f"127.0.0.1:{port}"
+    try:
+        key = Identity.generate()
+        with TrackerClient(address, tokens["node"], key) as node, \
+                TrackerClient(address, tokens["gateway"], Identity.generate()) as client:
+            info = node_info(key, 1, backend)
+            assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), info)).admission == tt.Admission.ROUTABLE
+            route = client.open_route(tt.OpenRouteRequest("smol", "key:alice", 64))
+            assert route.status.ok and len(route.hops) == 1 and route.ring is rings
+            body = tickets.open_ticket(route.hops[-1].ticket, tracker_key.public_key)
+            assert body.downstream_node_id == (key.node_id if rings else "")  # the one hop rings to itself
+            assert client.close_route(route.session).status.ok
     finally:
         server.stop(grace=0).wait()
         ledger.close()

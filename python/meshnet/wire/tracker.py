@@ -23,8 +23,8 @@ class BackendKind(enum.IntEnum):
 
 def ring_decode_capable(nodes: Sequence[Optional["NodeInfo"]]) -> bool:
     """Ring decode (docs/adr/0005-ring-decode.md) needs every hop of a route to be a GGUF shard
-    worker: the tracker then names the first hop as the last hop's downstream, and the client
-    asks for the ring."""
+    worker: the tracker then names the first hop as the last hop's downstream and says so in
+    RouteReply.ring, the only place a client learns it (docs/adr/0021-the-route-decided-once.md)."""
     return bool(nodes) and all(n is not None and n.backend == BackendKind.GGUF for n in nodes)
 
 
@@ -189,6 +189,7 @@ class RouteReply:
     hops: tuple[Hop, ...] = ()
     uncovered: tuple[LayerRange, ...] = ()
     lease_ms: int = 0  # renew within this or the route expires
+    ring: bool = False  # the route rings: the last hop's ticket names the first hop (ADR 0005, 0021)
 
 
 @dataclasses.dataclass(frozen=True)
