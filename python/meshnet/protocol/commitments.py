@@ -4,9 +4,8 @@ proof with these before it records a verdict), and the whole body as the verifie
 
 from __future__ import annotations
 
-from google.protobuf.message import DecodeError
 
-from meshnet.protocol.errors import invalid
+from meshnet.protocol.errors import parsed
 from meshnet.shard.v1 import shard_pb2
 from meshnet.wire import seam as t
 from meshnet.wire.ids import SessionId
@@ -15,16 +14,13 @@ COMMITMENTS_DOMAIN = b"meshnet-commitments-v1\0"  # what a node's signature cove
 
 
 def _parse(body: bytes) -> shard_pb2.CommitmentsBody:
-    try:
-        return shard_pb2.CommitmentsBody.FromString(body)
-    except DecodeError:
-        raise invalid("the commitments body does not parse") from None
+    return parsed(shard_pb2.CommitmentsBody(), body, "CommitmentsBody")
 
 
 def subject(body: bytes) -> tuple[str, int, str]:
     """(session id, epoch, node id) of a serialized CommitmentsBody; ProtocolError if it is not one."""
-    parsed = _parse(body)
-    return parsed.session_id, parsed.epoch, parsed.node_id
+    message = _parse(body)
+    return message.session_id, message.epoch, message.node_id
 
 
 def decode_body(body: bytes) -> t.CommitmentsBody:

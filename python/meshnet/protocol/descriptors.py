@@ -18,9 +18,9 @@ import enum
 from typing import Any, Mapping
 
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
-from meshnet.protocol.errors import invalid
+from meshnet.protocol.errors import invalid, parsed
 
 # How one field converts: its name, repeated or not, and what it holds.
 _SCALAR, _BYTES, _ENUM, _MESSAGE = range(4)
@@ -120,9 +120,4 @@ class DescriptorCodec:
         return self.to_proto(value).SerializeToString(deterministic=True)
 
     def decode(self, native: type, data: bytes) -> Any:
-        message = self._proto[native]()
-        try:
-            message.ParseFromString(data)
-        except (DecodeError, ValueError, RuntimeError) as err:
-            raise invalid(f"undecodable {native.__name__}: {err}") from err
-        return self.from_proto(message)
+        return self.from_proto(parsed(self._proto[native](), data, native.__name__))

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
 from meshnet.wire.status import Status, StatusCode
+
+M = TypeVar("M", bound=Message)
 
 
 class ProtocolError(Exception):
@@ -19,6 +25,16 @@ class ProtocolError(Exception):
 
 def invalid(message: str) -> ProtocolError:
     return ProtocolError(StatusCode.INVALID_ARGUMENT, message)
+
+
+def parsed(message: M, data: bytes, what: str) -> M:
+    """`message` filled from `data`, or ProtocolError (INVALID_ARGUMENT) naming `what`: bytes
+    from the network that do not parse are the sender's fault, never a crash here."""
+    try:
+        message.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise invalid(f"undecodable {what}: {err}") from err
+    return message
 
 
 def exhausted(message: str) -> ProtocolError:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional, TypeVar, Union
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from meshnet.protocol.descriptors import DescriptorCodec
-from meshnet.protocol.errors import ProtocolError, invalid
+from meshnet.protocol.errors import ProtocolError, invalid, parsed
 from meshnet.shard.v1 import shard_pb2 as pb
 from meshnet.wire import seam as t
 from meshnet.wire.ids import SessionId
@@ -322,20 +322,12 @@ def encode_audit_body(session_id: str, epoch: int, node_id: str, expires_unix_ms
 
 def decode_audit_body(data: bytes) -> t.AuditBody:
     """The AuditBody an audit ticket signs; ProtocolError if `data` is not one."""
-    m = pb.AuditBody()
-    try:
-        m.ParseFromString(data)
-    except (DecodeError, ValueError, RuntimeError) as err:
-        raise invalid(f"undecodable AuditBody: {err}") from err
+    m = parsed(pb.AuditBody(), data, "AuditBody")
     return t.AuditBody(SessionId(m.session_id), m.epoch, m.node_id, m.expires_unix_ms)
 
 
 def decode_ticket_body(data: bytes) -> t.TicketBody:
-    m = pb.TicketBody()
-    try:
-        m.ParseFromString(data)
-    except (DecodeError, ValueError, RuntimeError) as err:
-        raise invalid(f"undecodable TicketBody: {err}") from err
+    m = parsed(pb.TicketBody(), data, "TicketBody")
     return t.TicketBody(SessionId(m.session_id), m.epoch, m.node_id, _opt(m, "range", _range_in),
                         m.downstream_node_id, m.downstream_address, m.downstream_public_key,
                         m.downstream_tls_certificate, m.client_public_key, m.client_principal, m.expires_unix_ms)
@@ -352,12 +344,7 @@ def check_version(version: Optional[t.ProtocolVersion]) -> None:
 def decode(cls: type, data: bytes) -> NativeMessage:
     """Parses `data` as the message type `cls` (a meshnet.wire.seam class)."""
     pb_cls, decode_fn, _ = _CODECS[cls]
-    message = pb_cls()
-    try:
-        message.ParseFromString(data)
-    except (DecodeError, ValueError, RuntimeError) as err:
-        raise invalid(f"undecodable {cls.__name__}: {err}") from err
-    return decode_fn(message)
+    return decode_fn(parsed(pb_cls(), data, cls.__name__))
 
 
 def decode_seam_frame(data: bytes) -> t.SeamFrame:

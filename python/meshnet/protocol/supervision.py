@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from meshnet.protocol.errors import ProtocolError
 from meshnet.protocol.seam import status_in, status_out
 from meshnet.wire.status import Status, StatusCode
 from meshnet.shard.v1 import shard_pb2 as pb
@@ -31,8 +32,10 @@ def _step_times_out(v: t.StepTimes) -> pb.StepTimes:
 
 
 def _health_status_in(m: pb.Status) -> Status:
-    if m.code in StatusCode._value2member_map_:
+    try:
         return status_in(m)
+    except ProtocolError:  # a code a newer peer knows: still an answer
+        pass
     return Status(StatusCode.UNSPECIFIED, f"status code {m.code} unknown to this peer: {m.message}", m.retryable, m.hop)
 
 
