@@ -17,7 +17,6 @@ from meshnet.node.telemetry import RateMeter
 from meshnet.node.worker import WorkerProcess, take_work
 from meshnet.protocol.shard_client import ShardClient
 from meshnet.wire import tracker as tt
-from meshnet.wire.seam import Fingerprints
 
 
 class Backend(Protocol):
@@ -45,8 +44,7 @@ class Backend(Protocol):
 class ReferenceBackend:
     kind = tt.BackendKind.REFERENCE
 
-    def __init__(self, gguf: Path, layers: tuple[int, int], listen: str, node_id: str,
-                 fingerprints: Fingerprints, *, max_sessions: int, max_kv_tokens: int, idle_seconds: float,
+    def __init__(self, gguf: Path, layers: tuple[int, int], listen: str, node_id: str, *, max_sessions: int, max_kv_tokens: int, idle_seconds: float,
                  tracker_key: bytes, tls: Optional[tuple[bytes, bytes]]) -> None:
         """`tls`: (certificate PEM, key PEM) of the shard service, or None for plaintext (--insecure)."""
         # Imported here: torch and transformers cost a GGUF node's control process ~400 MiB.
@@ -56,7 +54,7 @@ class ReferenceBackend:
         self.engine = ReferenceEngine(ShardModel(load_model(gguf), *layers), max_sessions, max_kv_tokens)
         self.node_id = node_id
         self._supervisor_token = secrets.token_hex(16)  # TakeWork answers only this node
-        self._server, port = serve_shard(self.engine, node_id, fingerprints, tracker_key, listen, tls,
+        self._server, port = serve_shard(self.engine, node_id, tracker_key, listen, tls,
                                          idle_seconds=idle_seconds, supervisor_token=self._supervisor_token)
         self._address = f"{listen.rsplit(':', 1)[0]}:{port}"
         self._shard = ShardClient.dial(self._address, tls[0] if tls else None)

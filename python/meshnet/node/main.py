@@ -207,7 +207,6 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
             backend = ReferenceBackend(args.gguf, (start, end), args.listen, node_id,
-                                       Fingerprints(artifact, recipe.fingerprint()),
                                        max_sessions=args.max_sessions, max_kv_tokens=max_kv_tokens,
                                        idle_seconds=args.session_idle_seconds, tracker_key=tracker_key,
                                        tls=(cert_pem, key_pem) if cert_pem else None)

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     engine = ReferenceEngine(ShardModel(load_model(args.gguf), start, end), args.max_sessions, args.max_kv_tokens)
-    server, port = serve_shard(engine, args.node_id, None, tracker_key, args.listen, tls, layers=(start, end),
+    server, port = serve_shard(engine, args.node_id, tracker_key, args.listen, tls, layers=(start, end),
                                idle_seconds=args.idle_seconds, auth_grace_seconds=args.auth_grace_seconds)
     stop = stop_on_signals()
     print(json.dumps({"event": "listening", "port": port}), flush=True)

@@ -111,13 +111,11 @@ class _Live:
 class ShardServer:
     """A shard_service.ShardHandler; mounted by `serve`."""
 
-    def __init__(self, engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints] = None,
-                 idle_seconds: float = 300.0, *, tracker_key: bytes, layers: Optional[tuple[int, int]] = None,
+    def __init__(self, engine: ReferenceEngine, node_id: str, idle_seconds: float = 300.0, *, tracker_key: bytes, layers: Optional[tuple[int, int]] = None,
                  compression: bool = False, auth_grace_seconds: float = 10.0, insecure: bool = False,
                  max_fences: int = 4096, results_grace_seconds: float = 10.0, supervisor_token: str = "") -> None:
         self.engine = engine
         self.node_id = node_id
-        self.fingerprints = fingerprints
         self.compression = compression  # zlib bundles are accepted (and advertised) only when True
         self.supervisor_token = supervisor_token  # TakeWork needs it ("" refuses every caller)
         self.auth_grace_seconds = auth_grace_seconds  # a Seam stream without a valid ticket by then ends
@@ -255,8 +253,6 @@ class ShardServer:
                                              f"session id longer than {tickets.MAX_SESSION_ID_BYTES} bytes"))
         if frame.phase not in (t.Phase.PREFILL, t.Phase.DECODE, t.Phase.RELEASE, t.Phase.CANCEL):
             return self._reply(frame, Status(StatusCode.INVALID_ARGUMENT, f"unknown phase {frame.phase}"))
-        if frame.fingerprints is not None and self.fingerprints is not None and frame.fingerprints != self.fingerprints:
-            return self._reply(frame, Status(StatusCode.FINGERPRINT_MISMATCH, "frame's fingerprints differ from this node's"))
         opens = frame.phase in (t.Phase.PREFILL, t.Phase.DECODE)
         admission = self.table.admit(frame.session, frame.ticket, stream, opens, frame.downstream, _Live)
         if admission.verified:
@@ -422,13 +418,13 @@ def serve(shard: ShardServer, listen: str, tls: Optional[tuple[bytes, bytes]] = 
     return server, port
 
 
-def serve_shard(engine: ReferenceEngine, node_id: str, fingerprints: Optional[t.Fingerprints], tracker_key: bytes,
+def serve_shard(engine: ReferenceEngine, node_id: str, tracker_key: bytes,
                 listen: str, tls: Optional[tuple[bytes, bytes]] = None, *, layers: Optional[tuple[int, int]] = None,
                 compression: bool = False, idle_seconds: float = 300.0, auth_grace_seconds: float = 10.0,
                 max_workers: Optional[int] = None, max_concurrent_streams: Optional[int] = None,
                 supervisor_token: str = "") -> tuple[grpc.Server, int]:
     """A ShardServer for `engine` served by `serve`; plaintext downstream links only when `tls` is None."""
-    shard = ShardServer(engine, node_id, fingerprints, idle_seconds, tracker_key=tracker_key, layers=layers,
+    shard = ShardServer(engine, node_id, idle_seconds, tracker_key=tracker_key, layers=layers,
                         compression=compression, auth_grace_seconds=auth_grace_seconds, insecure=tls is None,
                         supervisor_token=supervisor_token)
     return serve(shard, listen, tls, max_workers=max_workers, max_concurrent_streams=max_concurrent_streams)
