@@ -21,7 +21,8 @@ from meshnet.wire import seam as t
 from meshnet.wire.ids import SessionId
 from meshnet.wire.status import Status, StatusCode
 
-V1 = seam.PROTOCOL_VERSION
+V1 = t.ProtocolVersion(1, 0)  # the frames a 1.0 peer sent: still accepted, byte for byte
+V1_1 = t.ProtocolVersion(1, 1)  # docs/adr/0021-the-route-decided-once.md
 SESSION = t.RouteSession(SessionId("golden-session-0001"), 2)
 FINGERPRINTS = t.Fingerprints("sha256:" + "ab" * 32, "sha256:" + "cd" * 32)
 N_EMBD = 16
@@ -71,6 +72,16 @@ def golden_messages() -> list[tuple[str, object]]:
             3458, 6, -0.125, (t.TokenLogprob(3458, -0.125), t.TokenLogprob(282, -2.25))),))),
         ("result_finished.bin", t.ResultFrame(V1, SESSION, 9, (t.SampledToken(2, 13, -0.5),), t.FinishReason.STOP,
                                               Status(StatusCode.OK))),
+        # Minor 1: the later hops' tickets only (the first hop's last: the route rings), no work_id,
+        # fingerprints, range or expected cache; the last hop ends with LENGTH outside the ring too.
+        ("prefill_minor1_ring.bin", t.SeamFrame(
+            V1_1, SESSION, t.Phase.PREFILL, 1, span=t.TokenSpan(0, 6), token_ids=(1, 504, 3458, 282, 4649, 314),
+            budget_ms=3000, sampling=sampling,
+            downstream=tuple(t.DownstreamHop("", "", None, t.RouteTicket(f"ticket-{hop}".encode(), bytes([i]) * 64))
+                             for i, hop in enumerate(("node-b", "node-c", "node-a"), 1)),
+            ticket=t.RouteTicket(b"ticket-node-a", bytes(64)), ring=True, draft_max=4)),
+        ("result_length.bin", t.ResultFrame(V1_1, SESSION, 64, (t.SampledToken(4649, 69, -0.25),),
+                                            t.FinishReason.LENGTH, Status(StatusCode.OK))),
     ]
 
 
