@@ -19,9 +19,11 @@
 
 namespace meshnet::protocol {
 
-// The version every v1 frame carries; peers accept any minor of this major.
+// The version every v1 frame carries; peers accept any minor of this major. Minor 1
+// (shard.proto, ProtocolVersion): a hop dials the downstream its ticket names, and the
+// deprecated fields (work_id, expected_cache, a forwarded frame's range) are no longer written.
 inline constexpr uint32_t kProtocolMajor = 1;
-inline constexpr uint32_t kProtocolMinor = 0;
+inline constexpr uint32_t kProtocolMinor = 1;
 
 // Numbers equal the proto enums; values read from the wire are kept verbatim.
 enum class Phase : int32_t { kUnspecified, kPrefill, kDecode, kRelease, kCancel };

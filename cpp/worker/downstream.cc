@@ -41,11 +41,10 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& address,
 
 }  // namespace
 
-protocol::SeamFrame NextHopFrame(const protocol::SeamFrame& frame,
-                                 const protocol::DownstreamHop& next) {
+protocol::SeamFrame NextHopFrame(const protocol::SeamFrame& frame) {
   protocol::SeamFrame out = frame;
   out.token_ids.clear();
-  out.range = next.range;
+  out.range.reset();
   out.ticket.reset();
   out.downstream.clear();
   if (!frame.downstream.empty()) {

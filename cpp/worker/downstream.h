@@ -26,19 +26,20 @@ struct DownstreamCredentials {
   std::string pinned_cert_pem;  // TLS: the only trusted certificate (the ticket's)
 };
 
-// The frame the next hop gets for `frame`: its own range and ticket (the first of `frame`'s
-// downstream list), the rest of the route, no token ids.
-protocol::SeamFrame NextHopFrame(const protocol::SeamFrame& frame,
-                                 const protocol::DownstreamHop& next);
+// The frame the next hop gets for `frame`: its own ticket (the first of `frame`'s downstream
+// list), the rest of the route, no token ids and no range (minor 1: the next hop takes its
+// range from its ticket).
+protocol::SeamFrame NextHopFrame(const protocol::SeamFrame& frame);
 
 class Downstream {
  public:
-  // Dials `hop.address` and, once the channel is connected (TLS handshake included), opens the
-  // Seam stream into *out. UNAVAILABLE (retryable, naming the next hop) when it is not
-  // connected by `connect_by`. Only connecting has a deadline: the stream lives as long as the
-  // session, and later failures surface as a failed Send or through `on_error`.
-  // `abandoned` is asked every 100 ms while connecting: true (the upstream went away) stops the
-  // wait with CANCELLED, so a session whose client left does not hold its thread and lock.
+  // Dials `hop.address` (the ticket's: ResolveDownstream) and, once the channel is connected
+  // (TLS handshake included), opens the Seam stream into *out. UNAVAILABLE (retryable, naming
+  // the next hop) when it is not connected by `connect_by`. Only connecting has a deadline:
+  // the stream lives as long as the session, and later failures surface as a failed Send or
+  // through `on_error`. `abandoned` is asked every 100 ms while connecting: true (the
+  // upstream went away) stops the wait with CANCELLED, so a session whose client left does not
+  // hold its thread and lock.
   static protocol::Status Open(const protocol::DownstreamHop& hop,
                                const DownstreamCredentials& credentials,
                                std::chrono::steady_clock::time_point connect_by,

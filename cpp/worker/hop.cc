@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "cpp/worker/draft.h"
 
@@ -73,9 +74,10 @@ Status CheckEffectiveStart(const protocol::ShardRange& range, const HopIdentity&
       " is not supported (the tracker routes GGUF nodes at exact boundaries)");
 }
 
-Status CheckDownstream(const protocol::Ticket& ticket,
-                       const std::vector<protocol::DownstreamHop>& downstream, bool last,
-                       bool pinned_tls) {
+Status ResolveDownstream(const protocol::Ticket& ticket,
+                         const std::vector<protocol::DownstreamHop>& downstream, bool last,
+                         bool pinned_tls, std::optional<protocol::DownstreamHop>* next) {
+  next->reset();
   auto denied = [](const std::string& why) { return MakeError(Code::kPermissionDenied, why); };
   if (ticket.downstream_node_id.empty()) {
     if (!downstream.empty()) return denied("a last-hop ticket admits no downstream");
@@ -83,17 +85,20 @@ Status CheckDownstream(const protocol::Ticket& ticket,
     return OkStatus();
   }
   if (downstream.empty()) {
-    if (last) return OkStatus();  // the last hop forwards nowhere
+    if (last) return OkStatus();  // the route does not ring: the last hop forwards nowhere
     return protocol::InvalidArgumentError("not the last hop, but no downstream hop given");
   }
-  if (downstream[0].node_id != ticket.downstream_node_id ||
-      downstream[0].address != ticket.downstream_address) {
-    return denied("downstream " + downstream[0].node_id + " at " + downstream[0].address +
-                  " is not the one the route ticket names");
+  if (!downstream[0].ticket.has_value()) {
+    return protocol::InvalidArgumentError("the downstream hop carries no ticket to present");
   }
   if (pinned_tls && ticket.downstream_tls_certificate.empty()) {
     return denied("route ticket names no certificate for its downstream");
   }
+  protocol::DownstreamHop hop;  // the frame's node_id, address and range play no part
+  hop.node_id = ticket.downstream_node_id;
+  hop.address = ticket.downstream_address;
+  hop.ticket = downstream[0].ticket;
+  *next = std::move(hop);
   return OkStatus();
 }
 

@@ -5,8 +5,9 @@
 //
 // Called by the seam service (cpp/worker/service.cc) in the ADR's order: CheckFrameHeader,
 // then, for a session not bound to the frame's stream, CheckTicket; then the epoch fence
-// (SessionTable::Fence); CheckDownstream before a new session opens. Pure functions of their
-// arguments (no gRPC, no llama, no clock: callers pass the wall time); any thread.
+// (SessionTable::Fence); ResolveDownstream before a new session opens (the session keeps the
+// hop it returns). Pure functions of their arguments (no gRPC, no llama, no clock: callers pass
+// the wall time); any thread.
 #ifndef MESHNET_CPP_WORKER_HOP_H_
 #define MESHNET_CPP_WORKER_HOP_H_
 
@@ -55,13 +56,20 @@ protocol::Status CheckTicket(const std::optional<protocol::RouteTicket>& ticket,
 // layer_start (every honest sender fills it; 0 < layer_start names no real route).
 protocol::Status CheckEffectiveStart(const protocol::ShardRange& range, const HopIdentity& hop);
 
-// Step 5: the frame's downstream list agrees with the ticket. A last-hop ticket (no
-// downstream_node_id) admits no downstream, and a non-last hop needs one; downstream[0] must
-// carry the ticket's node id and address; with `pinned_tls` the ticket must name a certificate.
-// PERMISSION_DENIED otherwise, or INVALID_ARGUMENT when a non-last hop gets no downstream list.
-protocol::Status CheckDownstream(const protocol::Ticket& ticket,
-                                 const std::vector<protocol::DownstreamHop>& downstream,
-                                 bool last, bool pinned_tls);
+// Step 5: the hop after this one, from the verified ticket alone (minor 1): *next is the
+// ticket's downstream_node_id at downstream_address, presenting downstream[0]'s ticket (TLS
+// pins the ticket's certificate). The frame's node_id, address and range are ignored, so what
+// a 1.0 sender wrote there cannot move where this hop dials. A last-hop ticket (no
+// downstream_node_id) admits no downstream list, and a non-last hop needs a ticket naming a
+// downstream (PERMISSION_DENIED), a downstream list (INVALID_ARGUMENT when empty) and a ticket
+// in its first entry (INVALID_ARGUMENT); with `pinned_tls` the ticket must name a certificate
+// (PERMISSION_DENIED). On the last hop of a ringing route the ticket names the first hop and
+// the list holds that hop's ticket alone: *next is the ring's target; with an empty list the
+// route does not ring and *next stays empty.
+protocol::Status ResolveDownstream(const protocol::Ticket& ticket,
+                                   const std::vector<protocol::DownstreamHop>& downstream,
+                                   bool last, bool pinned_tls,
+                                   std::optional<protocol::DownstreamHop>* next);
 
 // Step 6: a Results request for this (last) hop: a session, the hop's ticket for it (as in
 // CheckTicket) and the client's signature over the ticket's signature (PERMISSION_DENIED).

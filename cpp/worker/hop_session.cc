@@ -16,7 +16,7 @@ using protocol::Status;
 
 HopSession::HopSession(const HopContext& hop, std::shared_ptr<SeamCall> upstream,
                        const protocol::RouteSession& session, const protocol::Ticket& ticket,
-                       std::optional<protocol::DownstreamHop> ring_hop)
+                       std::optional<protocol::DownstreamHop> next)
     : hop_(hop) {
   link_.upstream = std::move(upstream);
   link_.session = session;
@@ -27,9 +27,9 @@ HopSession::HopSession(const HopContext& hop, std::shared_ptr<SeamCall> upstream
     receiving_.emplace();
   }
   if (hop.scheduler->last()) {
-    last_.emplace(hop, std::move(ring_hop));
+    last_.emplace(hop, std::move(next));
   } else {
-    forwarding_.emplace();
+    forwarding_.emplace(std::move(next));
   }
 }
 

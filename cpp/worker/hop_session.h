@@ -32,11 +32,12 @@ namespace meshnet::worker {
 
 class HopSession {
  public:
-  // `hop` must outlive the session. `ring_hop`: on the last hop, the first hop the session's
-  // first frame named (the ring's target).
+  // `hop` must outlive the session. `next`: the hop after this one that ResolveDownstream made
+  // from `ticket` (and the ticket to present there): where this hop forwards, or on the last
+  // hop the first hop it rings to (none when the route does not ring).
   HopSession(const HopContext& hop, std::shared_ptr<SeamCall> upstream,
              const protocol::RouteSession& session, const protocol::Ticket& ticket,
-             std::optional<protocol::DownstreamHop> ring_hop);
+             std::optional<protocol::DownstreamHop> next);
   ~HopSession();  // Close(nullptr)
   HopSession(const HopSession&) = delete;
   HopSession& operator=(const HopSession&) = delete;

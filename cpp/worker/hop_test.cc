@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "cpp/protocol/ticket_signer_for_tests.h"
 
@@ -105,29 +108,92 @@ TEST(HopTest, EffectiveStartMustBeTheRangesStart) {
   EXPECT_EQ(out.node_id, "untouched");  // nothing admitted
 }
 
-TEST(HopTest, DownstreamMustBeTheTicketsOwn) {
+// Minor 1: the hop to dial is the ticket's; a downstream entry lends only the ticket to present,
+// and what a 1.0 sender wrote beside it (node, address, range) moves nothing.
+TEST(HopTest, DownstreamComesFromTheTicket) {
+  Fixture f;
+  const protocol::Ticket body = f.Body();
+  protocol::DownstreamHop entry;
+  entry.node_id = "n-evil";
+  entry.address = "10.6.6.6:7000";
+  entry.range = protocol::ShardRange{0, 9, 0};
+  entry.ticket = protocol::RouteTicket{"next-body", "next-signature"};
+  std::optional<protocol::DownstreamHop> next;
+  ASSERT_TRUE(ResolveDownstream(body, {entry}, false, true, &next).ok());
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->node_id, "n-last");
+  EXPECT_EQ(next->address, "10.0.0.2:7000");
+  EXPECT_FALSE(next->range.has_value());
+  ASSERT_TRUE(next->ticket.has_value());
+  EXPECT_EQ(next->ticket->body, "next-body");
+  EXPECT_EQ(next->ticket->signature, "next-signature");
+  protocol::DownstreamHop bare;  // a 1.1 sender's entry: the ticket alone
+  bare.ticket = entry.ticket;
+  next.reset();
+  ASSERT_TRUE(ResolveDownstream(body, {bare}, false, true, &next).ok());
+  EXPECT_EQ(next->node_id, "n-last");
+  EXPECT_EQ(next->address, "10.0.0.2:7000");
+}
+
+TEST(HopTest, DownstreamRefusals) {
   Fixture f;
   protocol::Ticket body = f.Body();
-  protocol::DownstreamHop next;
-  next.node_id = "n-last";
-  next.address = "10.0.0.2:7000";
-  EXPECT_TRUE(CheckDownstream(body, {next}, false, true).ok());
-  EXPECT_EQ(CheckDownstream(body, {}, false, true).code, Code::kInvalidArgument);
-  protocol::DownstreamHop elsewhere = next;
-  elsewhere.address = "10.6.6.6:7000";
-  EXPECT_EQ(CheckDownstream(body, {elsewhere}, false, true).code, Code::kPermissionDenied);
-  elsewhere = next;
-  elsewhere.node_id = "n-evil";
-  EXPECT_EQ(CheckDownstream(body, {elsewhere}, false, true).code, Code::kPermissionDenied);
+  protocol::DownstreamHop entry;
+  entry.ticket = protocol::RouteTicket{"next-body", "next-signature"};
+  std::optional<protocol::DownstreamHop> next;
+  auto code = [&](const protocol::Ticket& ticket, std::vector<protocol::DownstreamHop> list,
+                  bool last, bool pinned) {
+    next = protocol::DownstreamHop();  // a refusal leaves nothing to dial
+    Code out = ResolveDownstream(ticket, list, last, pinned, &next).code;
+    if (out != Code::kOk) {
+      EXPECT_FALSE(next.has_value());
+    }
+    return out;
+  };
+  EXPECT_EQ(code(body, {}, false, true), Code::kInvalidArgument);  // nothing to present
+  protocol::DownstreamHop unticketed = entry;
+  unticketed.ticket.reset();
+  unticketed.node_id = "n-last";
+  unticketed.address = "10.0.0.2:7000";
+  EXPECT_EQ(code(body, {unticketed}, false, true), Code::kInvalidArgument);
   body.downstream_tls_certificate.clear();
-  EXPECT_EQ(CheckDownstream(body, {next}, false, true).code, Code::kPermissionDenied);
-  EXPECT_TRUE(CheckDownstream(body, {next}, false, false).ok());  // --insecure: no pin
+  EXPECT_EQ(code(body, {entry}, false, true), Code::kPermissionDenied);
+  EXPECT_EQ(code(body, {entry}, false, false), Code::kOk);  // --insecure: no pin
   protocol::Ticket last = f.Body();
   last.downstream_node_id.clear();
   last.downstream_address.clear();
-  EXPECT_TRUE(CheckDownstream(last, {}, true, true).ok());
-  EXPECT_EQ(CheckDownstream(last, {next}, true, true).code, Code::kPermissionDenied);
-  EXPECT_EQ(CheckDownstream(last, {}, false, true).code, Code::kPermissionDenied);
+  last.downstream_tls_certificate.clear();
+  EXPECT_EQ(code(last, {}, true, true), Code::kOk);
+  EXPECT_FALSE(next.has_value());
+  EXPECT_EQ(code(last, {entry}, true, true), Code::kPermissionDenied);  // admits no downstream
+  EXPECT_EQ(code(last, {}, false, true), Code::kPermissionDenied);  // but this hop forwards
+}
+
+// The last hop of a ringing route: its ticket names the first hop; the frame's list holds the
+// first hop's ticket alone, or nothing when the route does not ring.
+TEST(HopTest, LastHopRingsToTheTicketsFirstHop) {
+  Fixture f;
+  f.hop.last = true;
+  protocol::Ticket body = f.Body();
+  body.downstream_node_id = "n-first";
+  body.downstream_address = "10.0.0.1:7000";
+  protocol::DownstreamHop entry;
+  entry.node_id = "n-evil";
+  entry.address = "10.6.6.6:7000";
+  entry.ticket = protocol::RouteTicket{"first-body", "first-signature"};
+  std::optional<protocol::DownstreamHop> next;
+  ASSERT_TRUE(ResolveDownstream(body, {entry}, true, true, &next).ok());
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->node_id, "n-first");
+  EXPECT_EQ(next->address, "10.0.0.1:7000");
+  EXPECT_EQ(next->ticket->body, "first-body");
+  ASSERT_TRUE(ResolveDownstream(body, {}, true, true, &next).ok());
+  EXPECT_FALSE(next.has_value());  // no ring
+  entry.ticket.reset();
+  EXPECT_EQ(ResolveDownstream(body, {entry}, true, true, &next).code, Code::kInvalidArgument);
+  entry.ticket = protocol::RouteTicket{"first-body", "first-signature"};
+  body.downstream_tls_certificate.clear();
+  EXPECT_EQ(ResolveDownstream(body, {entry}, true, true, &next).code, Code::kPermissionDenied);
 }
 
 TEST(HopTest, ResultsRequestNeedsTicketAndClientSignature) {

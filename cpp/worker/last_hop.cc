@@ -48,9 +48,9 @@ Sampled LastHop::Accept(const protocol::SeamFrame& frame, const std::vector<floa
     ++generated_;
     if (std::count(stops.begin(), stops.end(), token)) {
       out.finish = protocol::FinishReason::kStop;
-    } else if (frame.ring && ((params.max_tokens > 0 && generated_ >= params.max_tokens) ||
-                              position + 1 > room)) {
-      out.finish = protocol::FinishReason::kLength;  // the ring ends here; the client releases
+    } else if ((params.max_tokens > 0 && generated_ >= params.max_tokens) || position + 1 > room) {
+      // Ring or not, the tokens end here (a ring stops ringing); the client releases.
+      out.finish = protocol::FinishReason::kLength;
     }
     if (r < drafts.size() && drafts[r] != token) break;  // the next row's input was a bad draft
   }
@@ -96,7 +96,7 @@ protocol::Status LastHop::Ring(SessionLink& link, const protocol::SeamFrame& fra
                                uint64_t position, const StepDeadline& deadline) {
   if (!ring_hop_.has_value()) {
     return protocol::InvalidArgumentError(
-        "ring decode asked, but the session's first frame named no first hop to ring to");
+        "ring decode asked, but the session's first frame carried no first hop's ticket");
   }
   const bool opening = ring_ == nullptr;
   if (opening) {
@@ -110,15 +110,12 @@ protocol::Status LastHop::Ring(SessionLink& link, const protocol::SeamFrame& fra
   }
   protocol::SeamFrame next;
   next.version = protocol::CurrentVersion();
-  next.work_id = "ring";
-  next.session = frame.session;
+  next.session = frame.session;  // no range: the first hop's comes from its ticket
   next.fingerprints = frame.fingerprints;
-  next.range = ring_hop_->range;
   next.phase = protocol::Phase::kDecode;
   next.span = protocol::TokenSpan{position, 1};  // before the step's end: drafts were rejected
   next.step = frame.step + 1;
   next.token_ids = {token};
-  next.expected_cache = protocol::CacheState{position};
   next.ring = true;
   if (opening) next.ticket = ring_hop_->ticket;  // binds the ring stream on the first hop
   if (!ring_->Send(next)) {

@@ -28,7 +28,7 @@ struct Sampled {
     size_t row = 0;  // the logits row it was drawn from
   };
   std::vector<Token> tokens;
-  // A stop token; in ring decode also max_tokens or the KV budget.
+  // A stop token, max_tokens or the KV budget (minor 1: ring or not, this hop decides).
   protocol::FinishReason finish = protocol::FinishReason::kUnspecified;
   // Not OK when the session's grammar allowed no token (tokens then end before that row).
   protocol::Status status = protocol::OkStatus();
@@ -36,8 +36,9 @@ struct Sampled {
 
 class LastHop {
  public:
-  // `ring_hop`: the first hop the session's first frame named (CheckDownstream held it to the
-  // ticket), where ring steps go; none when the route does not ring.
+  // `ring_hop`: the first hop, as this hop's ticket names it, with the first hop's ticket from
+  // the session's first frame (ResolveDownstream), where ring steps go; none when the route
+  // does not ring.
   LastHop(const HopContext& hop, std::optional<protocol::DownstreamHop> ring_hop)
       : hop_(hop), ring_hop_(std::move(ring_hop)) {}
 

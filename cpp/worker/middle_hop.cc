@@ -55,11 +55,12 @@ protocol::Status Forwarding::Send(const HopContext& hop, SessionLink& link,
   const ServiceOptions& options = *hop.options;
   if (downstream_ == nullptr) {
     // Only the hop the ticket names, and only over TLS that trusts the ticket's certificate.
-    protocol::Status route = CheckDownstream(link.ticket, frame.downstream, false, !options.insecure);
-    if (!route.ok()) return route;
+    if (!next_.has_value()) {
+      return protocol::InvalidArgumentError("not the last hop, but no downstream hop given");
+    }
     std::shared_ptr<SeamCall> upstream = link.upstream;
     protocol::Status opened = Downstream::Open(
-        frame.downstream[0],
+        *next_,
         DownstreamCredentials{options.insecure, link.ticket.downstream_tls_certificate},
         std::min(deadline.deadline(), Clock::now() + options.connect_timeout),
         [upstream] { return upstream->Abandoned(); }, link.ReportUpstream(), &downstream_);
@@ -77,7 +78,7 @@ protocol::Status Forwarding::Send(const HopContext& hop, SessionLink& link,
   protocol::Status encoded = protocol::EncodeBundle(
       tensors, frame.step, protocol::Compression::kNone, limits.max_fragment_bytes, limits, &fragments);
   if (!encoded.ok()) return encoded;
-  protocol::SeamFrame next = NextHopFrame(frame, downstream_->hop());
+  protocol::SeamFrame next = NextHopFrame(frame);
   next.budget_ms = deadline.Remaining(now);
   for (protocol::TensorFragment& fragment : fragments) {
     next.fragment = std::move(fragment);
@@ -94,7 +95,7 @@ protocol::Status Forwarding::Send(const HopContext& hop, SessionLink& link,
 
 void Forwarding::Close(const protocol::SeamFrame* forward) {
   if (downstream_ == nullptr) return;
-  if (forward != nullptr) downstream_->Send(NextHopFrame(*forward, downstream_->hop()));
+  if (forward != nullptr) downstream_->Send(NextHopFrame(*forward));
   downstream_.reset();  // half-closes and joins its reader
 }
 

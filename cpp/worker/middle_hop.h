@@ -7,6 +7,8 @@
 #define MESHNET_CPP_WORKER_MIDDLE_HOP_H_
 
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "cpp/protocol/bundle.h"
@@ -30,6 +32,9 @@ class Receiving {
 
 class Forwarding {
  public:
+  // `next`: the hop after this one, resolved from the session's ticket (ResolveDownstream).
+  explicit Forwarding(std::optional<protocol::DownstreamHop> next) : next_(std::move(next)) {}
+
   // Sends `rows` (the step's output, span count x n_embd) on as `frame`'s next-hop frame, with
   // what is left of `deadline`; opens the stream on first use. UNAVAILABLE naming the next hop
   // when it cannot be reached or the stream broke.
@@ -40,6 +45,7 @@ class Forwarding {
   void Close(const protocol::SeamFrame* forward);
 
  private:
+  const std::optional<protocol::DownstreamHop> next_;
   std::unique_ptr<Downstream> downstream_;
 };
 

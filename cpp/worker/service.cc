@@ -320,8 +320,10 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
     return hop_.Reply(frame, protocol::InvalidArgumentError(
                             "unknown phase " + std::to_string(static_cast<int>(frame.phase))));
   }
+  std::optional<protocol::DownstreamHop> next;  // from the ticket; the frame only lends tickets
   if (!bound) {
-    Status route = CheckDownstream(ticket, frame.downstream, identity_.last, !options_.insecure);
+    Status route =
+        ResolveDownstream(ticket, frame.downstream, identity_.last, !options_.insecure, &next);
     if (!route.ok()) return hop_.Reply(frame, route);
   }
   SessionInfo info;
@@ -332,10 +334,8 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
     std::lock_guard<std::mutex> lock(mu_);
     std::shared_ptr<HopSession>& slot = sessions_[key];
     if (slot == nullptr) {
-      // CheckDownstream held it to the ticket: on the last hop it can only be the ring target.
-      std::optional<protocol::DownstreamHop> ring_hop;
-      if (scheduler_->last() && !frame.downstream.empty()) ring_hop = frame.downstream[0];
-      slot = std::make_shared<HopSession>(hop_, call, *frame.session, ticket, std::move(ring_hop));
+      // On the last hop `next` can only be the ring's target (the first hop).
+      slot = std::make_shared<HopSession>(hop_, call, *frame.session, ticket, std::move(next));
       owned->insert(key);
     }
     session = slot;

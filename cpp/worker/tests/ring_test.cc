@@ -57,9 +57,10 @@ struct Harness {
     frame.ring = ring;
     if (ring) {
       protocol::DownstreamHop self;
-      self.node_id = hop->id;
-      self.address = hop->address();
       self.ticket = frame.ticket;
+      // What a 1.0 sender may have written beside the ticket; the ring dials the ticket's.
+      self.node_id = "hop-elsewhere";
+      self.address = "127.0.0.1:1";
       frame.downstream = {self};
     }
     return frame;

@@ -1,7 +1,8 @@
 // The seam service as a 2-hop chain over loopback gRPC on the tiny F32 fixture, with route
 // tickets, in plaintext (--insecure) and over TLS pinned to a self-signed certificate: greedy
-// tokens equal a whole-model run, release frees sequences on both hops, a repeated step is
-// replayed, the ledger counts each token once, a stream without a ticket is cut.
+// tokens equal a whole-model run, the token at max_tokens carries LENGTH without a ring, release
+// frees sequences on both hops, a repeated step is replayed, the ledger counts each token once, a
+// stream without a ticket is cut, a hop forwards to the address its ticket names.
 #include "cpp/worker/service.h"
 
 #include <arpa/inet.h>
@@ -90,6 +91,7 @@ TEST_P(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
   prefill.span = protocol::TokenSpan{0, static_cast<uint32_t>(prompt.size())};
   prefill.token_ids.assign(prompt.begin(), prompt.end());
   prefill.sampling = protocol::SamplingParams();
+  prefill.sampling->max_tokens = n;  // the last hop ends the tokens, ring or not (minor 1)
   prefill.ticket = tracker.TicketFor(route, 0, kSession);
   prefill.downstream = tracker.Downstream(route, kSession);
   send(prefill);
@@ -104,6 +106,8 @@ TEST_P(ServiceTest, TwoHopChainMatchesWholeModelAndReleases) {
     read_token(&result);
     ASSERT_EQ(result.tokens.size(), 1u) << (result.status ? result.status->ToString() : "");
     EXPECT_EQ(result.tokens[0].position, position);
+    EXPECT_EQ(result.finish_reason,
+              i + 1 == n ? protocol::FinishReason::kLength : protocol::FinishReason::kUnspecified);
     tokens.push_back(result.tokens[0].token_id);
     if (i + 1 == n) break;
     protocol::SeamFrame decode = Frame(protocol::Phase::kDecode, i + 2);
@@ -324,9 +328,10 @@ class RecordingHop final : public pb::Shard::Service {
   std::vector<pb::SeamFrame> frames_;
 };
 
-// The next hop gets what is left of the step's budget (none when none was given); connecting
-// to a next hop that does not answer fails UNAVAILABLE naming it, or DEADLINE_EXCEEDED when the
-// step's own budget ran out first.
+// The next hop gets what is left of the step's budget (none when none was given) and its own
+// ticket, no range; the hop dials the address its ticket names, whatever the frame's downstream
+// entry says; connecting to a next hop that does not answer fails UNAVAILABLE naming it, or
+// DEADLINE_EXCEEDED when the step's own budget ran out first.
 TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
   std::string path = test_support::WriteFixture("service_test_forward.gguf");
   RecordingHop next;
@@ -345,9 +350,11 @@ TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
   auto stub = hop.NewStub();
   grpc::ClientContext seam_context;
   auto seam = stub->Seam(&seam_context);
-  // A prefill of session `id` whose ticket sends it on to `node` at `address`.
+  const std::string next_address = "127.0.0.1:" + std::to_string(next_port);
+  // A prefill of session `id` whose ticket sends it on to `node` at `address`. Its downstream
+  // entry names another node at `decoy`, as a 1.0 sender could: minor 1 dials the ticket's.
   auto prefill = [&](const std::string& id, const std::string& node, const std::string& address,
-                     uint32_t budget_ms) {
+                     uint32_t budget_ms, const std::string& decoy) {
     protocol::SeamFrame frame = Frame(protocol::Phase::kPrefill, 1);
     frame.session = protocol::RouteSession{id, 1};
     frame.span = protocol::TokenSpan{0, 3};
@@ -357,17 +364,21 @@ TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
     body.downstream_node_id = node;
     body.downstream_address = address;
     frame.ticket = tracker.Sign(body);
-    frame.downstream = {protocol::DownstreamHop{node, address, protocol::ShardRange{2, 4, 2},
+    frame.downstream = {protocol::DownstreamHop{"hop-decoy", decoy, protocol::ShardRange{0, 9, 0},
                                                 protocol::RouteTicket{"body", "signature"}}};
     return frame;
   };
-  const std::string next_address = "127.0.0.1:" + std::to_string(next_port);
-  ASSERT_TRUE(Exchange(*seam, prefill("s1", "hop-2", next_address, 600000)).ok());
+  ASSERT_TRUE(Exchange(*seam, prefill("s1", "hop-2", next_address, 600000, "127.0.0.1:1")).ok());
   std::optional<pb::SeamFrame> forwarded = next.Frame(0);
   ASSERT_TRUE(forwarded.has_value());
   EXPECT_GT(forwarded->budget_ms(), 0u);
   EXPECT_LE(forwarded->budget_ms(), 600000u);
   EXPECT_EQ(forwarded->ticket().body(), "body");  // the next hop's own ticket
+  EXPECT_FALSE(forwarded->has_range());  // minor 1: the next hop's range is its ticket's
+  EXPECT_EQ(forwarded->downstream_size(), 0);
+  EXPECT_TRUE(forwarded->work_id().empty());
+  EXPECT_FALSE(forwarded->has_expected_cache());
+  EXPECT_EQ(forwarded->version().minor(), 1u);
   protocol::SeamFrame decode = Frame(protocol::Phase::kDecode, 2);
   decode.session = protocol::RouteSession{"s1", 1};
   decode.span = protocol::TokenSpan{3, 1};
@@ -377,8 +388,10 @@ TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
   ASSERT_TRUE(forwarded.has_value());
   EXPECT_EQ(forwarded->budget_ms(), 0u);  // none given, none forwarded
 
-  // Nothing listens on port 1: the refused connection fails the step at once.
-  protocol::Status unreachable = Exchange(*seam, prefill("s2", "hop-x", "127.0.0.1:1", 0));
+  // Nothing listens on port 1, where the ticket points (the frame names the live next hop): the
+  // refused connection fails the step at once.
+  protocol::Status unreachable =
+      Exchange(*seam, prefill("s2", "hop-x", "127.0.0.1:1", 0, next_address));
   EXPECT_EQ(unreachable.code, Code::kUnavailable) << unreachable.ToString();
   EXPECT_TRUE(unreachable.retryable);
   EXPECT_EQ(unreachable.hop, "hop-x");
@@ -393,7 +406,7 @@ TEST(ServiceDeadlineTest, ForwardsTheRestOfTheBudgetAndBoundsConnecting) {
   ASSERT_EQ(listen(silent, 8), 0);
   ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&any), &length), 0);
   const std::string silent_address = "127.0.0.1:" + std::to_string(ntohs(any.sin_port));
-  protocol::Status late = Exchange(*seam, prefill("s3", "hop-x", silent_address, 50));
+  protocol::Status late = Exchange(*seam, prefill("s3", "hop-x", silent_address, 50, next_address));
   close(silent);
   EXPECT_EQ(late.code, Code::kDeadlineExceeded) << late.ToString();
   EXPECT_EQ(late.hop, "hop-1");

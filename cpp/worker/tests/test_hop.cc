@@ -100,11 +100,7 @@ std::vector<protocol::DownstreamHop> FakeTracker::Downstream(
     const std::vector<const TestHop*>& hops, const protocol::RouteSession& session) const {
   std::vector<protocol::DownstreamHop> out;
   for (size_t i = 1; i < hops.size(); ++i) {
-    const HopIdentity& hop = hops[i]->service->identity();
-    protocol::DownstreamHop next;
-    next.node_id = hops[i]->id;
-    next.address = hops[i]->address();
-    next.range = protocol::ShardRange{hop.layer_start, hop.layer_end, hop.layer_start};
+    protocol::DownstreamHop next;  // minor 1: the ticket alone (each hop dials its ticket's)
     next.ticket = TicketFor(hops, i, session);
     out.push_back(std::move(next));
   }

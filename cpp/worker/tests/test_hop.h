@@ -55,7 +55,7 @@ struct FakeTracker {
                                   const protocol::RouteSession& session) const {
     return Sign(Body(hops, i, session));
   }
-  // The first frame's downstream list for hops[1:], each with its ticket.
+  // The first frame's downstream list for hops[1:]: their tickets, nothing else (minor 1).
   std::vector<protocol::DownstreamHop> Downstream(const std::vector<const TestHop*>& hops,
                                                   const protocol::RouteSession& session) const;
   // A signed Results request for the last hop of `hops`.
