@@ -111,7 +111,6 @@ protocol::Status LastHop::Ring(SessionLink& link, const protocol::SeamFrame& fra
   protocol::SeamFrame next;
   next.version = protocol::CurrentVersion();
   next.session = frame.session;  // no range: the first hop's comes from its ticket
-  next.fingerprints = frame.fingerprints;
   next.phase = protocol::Phase::kDecode;
   next.span = protocol::TokenSpan{position, 1};  // before the step's end: drafts were rejected
   next.step = frame.step + 1;

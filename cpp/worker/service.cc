@@ -302,12 +302,6 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
     End(old.key, FinishReason::kError,
         MakeError(Code::kStaleEpoch, "fenced by epoch " + std::to_string(key.second)));
   }
-  if (frame.fingerprints.has_value() && options_.fingerprints.has_value() &&
-      (frame.fingerprints->model_artifact != options_.fingerprints->model_artifact ||
-       frame.fingerprints->runtime_recipe != options_.fingerprints->runtime_recipe)) {
-    return hop_.Reply(frame, MakeError(Code::kFingerprintMismatch,
-                                  "frame's fingerprints differ from this node's"));
-  }
   if (frame.phase == Phase::kRelease || frame.phase == Phase::kCancel) {
     if (!bound) return hop_.Reply(frame, OkStatus());  // not a session here: nothing to end
     bool cancel = frame.phase == Phase::kCancel;

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "cpp/protocol/ticket.h"
@@ -26,7 +25,6 @@ struct ServiceOptions {
   uint32_t layer_end = 0;
   bool compression = false;  // offer compression.zlib in Hello and accept zlib bundles
   bool insecure = false;     // dial downstream hops in plaintext (--insecure=1), not pinned TLS
-  std::optional<protocol::Fingerprints> fingerprints;  // frames must match when set
   SessionTableOptions sessions;                     // max_sessions <= scheduler's n_seq
   uint32_t credits = 8;                             // frames a sender may write per reply
   // How long a closed Results queue waits for a late reader before the reaper drops it.

@@ -40,6 +40,8 @@ using protocol::Phase;
 
 constexpr int kEmbd = 32, kVocab = 64, kCtx = 256;
 
+// Seam 1.0 frames carried fingerprints; since minor 1 no hop reads them (ADR 0021), and every
+// frame here still carries them, as a 1.0 sender's would.
 protocol::Fingerprints NodeFingerprints() {
   return protocol::Fingerprints{"sha256:" + std::string(64, 'a'), "sha256:" + std::string(64, 'b')};
 }
@@ -141,7 +143,6 @@ TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
   protocol::FakeSigner forger;
   ServiceOptions service_options;
   service_options.tracker_key = tracker.key.public_key();
-  service_options.fingerprints = NodeFingerprints();
   // Room for the good session and the two bad ones that legitimately hold KV on hop 2; a bad
   // first frame must not keep a sequence id, or hop 1 would run out of them.
   service_options.sessions.max_sessions = 3;
@@ -180,18 +181,6 @@ TEST(BadInputTest, StructuredErrorsAndOtherSessionsUnaffected) {
                      Code::kResourceExhausted});
     cases.push_back({"positions out of order (first hop)", 1, {},
                      TokenFrame("bad-order", Phase::kDecode, 1, 5, {4}), Code::kCacheMismatch});
-    cases.push_back({"wrong fingerprint", 1, {}, [] {
-                       auto f = TokenFrame("bad-fp", Phase::kPrefill, 1, 0, {1, 2});
-                       f.fingerprints->model_artifact = "sha256:" + std::string(64, 'f');
-                       return f;
-                     }(),
-                     Code::kFingerprintMismatch});
-    cases.push_back({"wrong runtime recipe", 1, {}, [] {
-                       auto f = TokenFrame("bad-fp2", Phase::kPrefill, 1, 0, {1, 2});
-                       f.fingerprints->runtime_recipe = "sha256:" + std::string(64, '0');
-                       return f;
-                     }(),
-                     Code::kFingerprintMismatch});
     cases.push_back({"unknown phase", 1, {}, [] {
                        auto f = TokenFrame("bad-phase", Phase::kPrefill, 1, 0, {1, 2});
                        f.phase = static_cast<Phase>(9);
