@@ -275,8 +275,8 @@ def plaintext_connection(chain, honest):
 
 CASES = [no_ticket, forged_signature, ticket_for_another_session, ticket_for_another_node, ticket_for_another_epoch,
          ticket_for_another_range, expired_ticket, second_results_reader, foreign_release_and_cancel, maximum_epoch,
-         newer_epoch_fences_the_older, ten_thousand_session_ids, announced_256_mib, compression_bomb, six_hundred_streams,
-         downstream_from_the_ticket_only, nan_activations, plaintext_connection]
+         newer_epoch_fences_the_older, ten_thousand_session_ids, announced_256_mib, compression_bomb,
+         six_hundred_streams, downstream_from_the_ticket_only, nan_activations, plaintext_connection]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])

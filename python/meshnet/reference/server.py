@@ -111,7 +111,8 @@ class _Live:
 class ShardServer:
     """A shard_service.ShardHandler; mounted by `serve`."""
 
-    def __init__(self, engine: ReferenceEngine, node_id: str, idle_seconds: float = 300.0, *, tracker_key: bytes, layers: Optional[tuple[int, int]] = None,
+    def __init__(self, engine: ReferenceEngine, node_id: str, idle_seconds: float = 300.0, *,
+                 tracker_key: bytes, layers: Optional[tuple[int, int]] = None,
                  compression: bool = False, auth_grace_seconds: float = 10.0, insecure: bool = False,
                  max_fences: int = 4096, results_grace_seconds: float = 10.0, supervisor_token: str = "") -> None:
         self.engine = engine
