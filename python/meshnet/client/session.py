@@ -286,6 +286,11 @@ class RouteClient:
                 if self._cancelled.is_set():
                     self._close_route(conn.route, tt.Delivery(len(prompt_ids), len(delivered)))
                     return
+                if self.finish_reason is not None or len(delivered) >= params.max_tokens:
+                    # A failure after the last token (the RELEASE found no credit): nothing to replay.
+                    self.finish_reason = self.finish_reason or t.FinishReason.LENGTH
+                    self._close_route(conn.route, tt.Delivery(len(prompt_ids), len(delivered)))
+                    return
                 if failure.status.code in (StatusCode.RESOURCE_EXHAUSTED, StatusCode.INVALID_ARGUMENT,
                                            StatusCode.VERSION_MISMATCH, StatusCode.FINGERPRINT_MISMATCH):
                     self._close_route(conn.route, tt.Delivery(len(prompt_ids), len(delivered)))
@@ -327,6 +332,8 @@ class RouteClient:
             yield sampled
             if self.finish_reason is not None:
                 return
+            if produced + 1 == budget:
+                break  # all the client asked for: no step past it
             if ring:
                 continue  # the last hop sent this token on to the first hop itself
             conn.send(t.SeamFrame(seam.PROTOCOL_VERSION, conn.route, t.Phase.DECODE, next(step),

@@ -123,9 +123,11 @@ def test_length_is_the_last_hop_s_and_a_silent_one_is_bounded_by_the_budget():
     client = session.RouteClient(None, "smol")
     assert [s.token_id for s in client._run(conn, [1], session.GenerationParams(max_tokens=5), 5, ())] == [11, 12]
     assert client.finish_reason == t.FinishReason.LENGTH
-    conn, _ = fake_connection(True)  # a 1.0 last hop reports no finish: the budget still bounds the read
-    for event in (token(11), token(12), token(13)):
-        conn.events.put(event)
-    client = session.RouteClient(None, "smol")
-    assert [s.token_id for s in client._run(conn, [1], session.GenerationParams(max_tokens=2), 2, ())] == [11, 12]
-    assert client.finish_reason == t.FinishReason.LENGTH
+    for rings in (True, False):  # a 1.0 last hop reports no finish: the budget still bounds the read
+        conn, sent = fake_connection(rings)
+        for event in (token(11), token(12), token(13)):
+            conn.events.put(event)
+        client = session.RouteClient(None, "smol")
+        assert [s.token_id for s in client._run(conn, [1], session.GenerationParams(max_tokens=2), 2, ())] == [11, 12]
+        assert client.finish_reason == t.FinishReason.LENGTH
+        assert [f.token_ids for f in sent[1:]] == ([] if rings else [(11,)])  # no step past the budget
