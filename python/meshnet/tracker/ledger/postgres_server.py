@@ -34,6 +34,7 @@ import psycopg
 from meshnet.process import free_port
 
 START_TIMEOUT_S = 20.0  # accepting connections
+SHARED_MEMORY_IN_USE = "pre-existing shared memory block"  # the postmaster's words when one is still attached
 STOP_TIMEOUT_S = 20.0  # a clean (fast) shutdown
 SERVER_USERS = ("postgres", "nobody")  # who the server runs as when we are root (the first that exists)
 SUPERUSER = "meshnet"
@@ -127,9 +128,30 @@ class PostgresServer:
                                f"{(done.stdout + done.stderr)[-600:]}")
 
     def start(self) -> None:
-        """Starts the server on its data directory and waits until it accepts connections."""
+        """Starts the server on its data directory and waits until it accepts connections. Right
+        after kill(), a killed backend may hold the old shared memory block a moment longer, and
+        the postmaster refuses to start beside it: it is started again until the deadline."""
         if self._proc is not None and self._proc.poll() is None:
             raise RuntimeError("postgres is already running")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        self._launch()
+        while True:
+            if self._proc.poll() is not None:
+                if SHARED_MEMORY_IN_USE in self.log_tail() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    self._launch()
+                    continue
+                raise RuntimeError(f"postgres exited (code {self._proc.returncode}): {self.log_tail()}")
+            try:
+                psycopg.connect(self.admin_url, connect_timeout=1).close()
+                return
+            except psycopg.OperationalError as err:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"postgres not accepting connections after {START_TIMEOUT_S:g} s ({err}): "
+                                       f"{self.log_tail()}") from None
+            time.sleep(0.05)
+
+    def _launch(self) -> None:
         log = open(self.dir / "postgres.log", "ab")
         try:
             # unshare execs the server: the process we hold is the postmaster.
@@ -140,18 +162,6 @@ class PostgresServer:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"postgres exited (code {self._proc.returncode}): {self.log_tail()}")
-            try:
-                psycopg.connect(self.admin_url, connect_timeout=1).close()
-                return
-            except psycopg.OperationalError as err:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"postgres not accepting connections after {START_TIMEOUT_S:g} s ({err}): "
-                                       f"{self.log_tail()}") from None
-            time.sleep(0.05)
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT: open transactions roll back, committed data is kept)."""
