@@ -185,20 +185,32 @@ def screenshot_path() -> Path:
     return Path(outputs) / "status-page.png"
 
 
+def dom_with_a_held_route(chromium: str, tracker, model: str, url: str):
+    """The page's DOM, rendered by Chromium while a route is held open (as a gateway's request
+    holds one) so that the page lists it; and the route. The held route carries no frames, so its
+    short lease (ROUTE_LEASE_S) cannot be renewed (issue 35, finding 4). When the route was still
+    open after the render, the page was rendered with it live; on a loaded machine Chromium can
+    take longer than the lease to start, and then the render is tried again (three tries)."""
+    for _ in range(3):
+        held = tracker.open_route(tt.OpenRouteRequest(model, CLIENT_ID, 256))
+        assert held.status.ok
+        dom = headless(chromium, "--dump-dom", url)
+        closed = tracker.close_route(held.session)
+        if closed.status.ok:
+            return dom, held
+        assert closed.status.code == StatusCode.NOT_FOUND and "lease expired" in closed.status.message, closed
+        print(f"the held route's {ROUTE_LEASE_S:g} s lease lapsed while Chromium rendered the page; again")
+    pytest.fail(f"three times, Chromium took longer than the route lease ({ROUTE_LEASE_S:g} s) to render")
+
+
 def test_the_status_page_renders_in_headless_chromium(swarm, generation, chromium):
     url = swarm.tracker.http_url + "/status"
-    # A route held open, as a gateway's request holds one, so that the page lists it.
     with swarm.tracker.client("gateway") as tracker:
-        held = tracker.open_route(tt.OpenRouteRequest(swarm.model, CLIENT_ID, 256))
-        assert held.status.ok
-        try:
-            dom = headless(chromium, "--dump-dom", url)
-            shot = screenshot_path()
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            shot.unlink(missing_ok=True)
-            headless(chromium, f"--screenshot={shot}", "--window-size=1400,1000", url)
-        finally:
-            assert tracker.close_route(held.session).status.ok
+        dom, held = dom_with_a_held_route(chromium, tracker, swarm.model, url)
+    shot = screenshot_path()
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    shot.unlink(missing_ok=True)
+    headless(chromium, f"--screenshot={shot}", "--window-size=1400,1000", url)
     (section,) = re.findall(r'<section class="coverage" data-model="smollm2">.*?</section>', dom, re.S)
     assert section.count('class="cell covered"') == 30 and 'class="cell gap"' not in section
     assert section.count('class="cell routable"') == 30  # each layer served by exactly one node row
