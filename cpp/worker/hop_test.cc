@@ -47,6 +47,15 @@ struct Fixture {
   }
 };
 
+// A 1.0 sender's downstream entry that names a decoy node and address beside the ticket it lends.
+protocol::DownstreamHop DecoyEntry(const std::string& ticket_body, const std::string& signature) {
+  protocol::DownstreamHop entry;
+  entry.node_id = "n-evil";
+  entry.address = "10.6.6.6:7000";
+  entry.ticket = protocol::RouteTicket{ticket_body, signature};
+  return entry;
+}
+
 TEST(HopTest, FrameHeader) {
   protocol::SeamFrame frame;
   EXPECT_EQ(CheckFrameHeader(frame).code, Code::kInvalidArgument);
@@ -113,11 +122,8 @@ TEST(HopTest, EffectiveStartMustBeTheRangesStart) {
 TEST(HopTest, DownstreamComesFromTheTicket) {
   Fixture f;
   const protocol::Ticket body = f.Body();
-  protocol::DownstreamHop entry;
-  entry.node_id = "n-evil";
-  entry.address = "10.6.6.6:7000";
+  protocol::DownstreamHop entry = DecoyEntry("next-body", "next-signature");
   entry.range = protocol::ShardRange{0, 9, 0};
-  entry.ticket = protocol::RouteTicket{"next-body", "next-signature"};
   std::optional<protocol::DownstreamHop> next;
   ASSERT_TRUE(ResolveDownstream(body, {entry}, false, true, &next).ok());
   ASSERT_TRUE(next.has_value());
@@ -177,10 +183,7 @@ TEST(HopTest, LastHopRingsToTheTicketsFirstHop) {
   protocol::Ticket body = f.Body();
   body.downstream_node_id = "n-first";
   body.downstream_address = "10.0.0.1:7000";
-  protocol::DownstreamHop entry;
-  entry.node_id = "n-evil";
-  entry.address = "10.6.6.6:7000";
-  entry.ticket = protocol::RouteTicket{"first-body", "first-signature"};
+  protocol::DownstreamHop entry = DecoyEntry("first-body", "first-signature");
   std::optional<protocol::DownstreamHop> next;
   ASSERT_TRUE(ResolveDownstream(body, {entry}, true, true, &next).ok());
   ASSERT_TRUE(next.has_value());

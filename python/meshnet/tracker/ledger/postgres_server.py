@@ -134,12 +134,12 @@ class PostgresServer:
         if self._proc is not None and self._proc.poll() is None:
             raise RuntimeError("postgres is already running")
         deadline = time.monotonic() + START_TIMEOUT_S
-        self._launch()
+        launched_at = self._launch()
         while True:
             if self._proc.poll() is not None:
-                if SHARED_MEMORY_IN_USE in self.log_tail() and time.monotonic() < deadline:
+                if SHARED_MEMORY_IN_USE in self._log_since(launched_at) and time.monotonic() < deadline:
                     time.sleep(0.1)
-                    self._launch()
+                    launched_at = self._launch()
                     continue
                 raise RuntimeError(f"postgres exited (code {self._proc.returncode}): {self.log_tail()}")
             try:
@@ -151,9 +151,11 @@ class PostgresServer:
                                        f"{self.log_tail()}") from None
             time.sleep(0.05)
 
-    def _launch(self) -> None:
+    def _launch(self) -> int:
+        """Starts the postmaster; the length its log had before (what this launch writes follows)."""
         log = open(self.dir / "postgres.log", "ab")
         try:
+            written = log.seek(0, os.SEEK_END)
             # unshare execs the server: the process we hold is the postmaster.
             self._proc = subprocess.Popen(
                 self._prefix + [str(self.bin_dir / "postgres"), "-D", str(self.dir / "data"), "-p", str(self.port),
@@ -162,6 +164,12 @@ class PostgresServer:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()
+        return written
+
+    def _log_since(self, offset: int) -> str:
+        with open(self.dir / "postgres.log", "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT: open transactions roll back, committed data is kept)."""
