@@ -15,8 +15,9 @@ Calls are written as the family's parser reads them: hermes `<tool_call>\\n{call
 blocks separated by a newline; llama3 `{"name", "parameters"}` objects separated by "; "; mistral
 `[TOOL_CALLS]` and a JSON list; generic `{"tool_calls": [...]}`. The call objects are one JSON
 schema (an anyOf of one object per function, name as a const), converted once; each function's
-`$defs`/`definitions` are hoisted under a prefix of its index so that two functions' definitions
-cannot collide.
+`$defs`/`definitions` are hoisted under a prefix of its index and the keyword (`f0-defs-A`,
+`f0-definitions-A`), so that neither two functions' definitions nor one function's `#/$defs/A` and
+`#/definitions/A` can collide.
 """
 
 from __future__ import annotations
@@ -84,21 +85,21 @@ def tool_call_grammar(family: ToolCallFamily, tools: tuple[dict, ...], named: Op
 
 
 def _hoisted(parameters: dict, prefix: str, defs: dict[str, Any]) -> dict:
-    """`parameters` without its $defs/definitions, which go into `defs` under `prefix`, and its
-    local $refs pointed at them. Depth and size were bounded by tool_request."""
+    """`parameters` without its $defs/definitions, which go into `defs` under `prefix` and the
+    keyword, and its local $refs pointed at them. Depth and size were bounded by tool_request."""
     out = copy.deepcopy(parameters)
     for key in ("$defs", "definitions"):
         for name, target in (out.pop(key, None) or {}).items():
-            defs[f"{prefix}{name}"] = target
+            defs[f"{prefix}{key.lstrip('$')}-{name}"] = target
     stack: list[Any] = [out, *(defs[name] for name in defs if name.startswith(prefix))]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
             ref = node.get("$ref")
             if isinstance(ref, str):
-                for key in ("#/$defs/", "#/definitions/"):
-                    if ref.startswith(key):
-                        node["$ref"] = f"#/$defs/{prefix}{ref[len(key):]}"
+                for key in ("$defs", "definitions"):
+                    if ref.startswith(f"#/{key}/"):
+                        node["$ref"] = f"#/$defs/{prefix}{key.lstrip('$')}-{ref[len(key) + 3:]}"
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)

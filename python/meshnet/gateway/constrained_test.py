@@ -1,8 +1,8 @@
 """Issue 33: the grammars a request is sampled under (constrained.py), read by the test-only GBNF
 recognizer. Forced tool calls in each family's syntax match what that family's parser reads as
 calls of the offered functions with valid arguments, and nothing else; a named function admits
-only itself; $defs of two functions do not collide; response formats map to their grammars;
-refusals name the field and the part."""
+only itself; $defs of two functions do not collide, nor one function's $defs and definitions;
+response formats map to their grammars; refusals name the field and the part."""
 
 from __future__ import annotations
 
@@ -79,6 +79,23 @@ def test_a_named_function_admits_one_call_of_itself_only(family):
     single = gbnf.parse(tool_call_grammar(family, TOOLS, None, parallel=False))
     assert single.matches(rendered(family, [RATED]))
     assert not single.matches(rendered(family, [RATED, PARIS]))
+
+
+# Review finding 13: `$defs/A` and `definitions/A` of one function are two schemas.
+BOTH_KEYWORDS = {"type": "function", "function": {"name": "pair", "parameters": {
+    "type": "object", "properties": {"n": {"$ref": "#/$defs/A"}, "s": {"$ref": "#/definitions/A"}},
+    "required": ["n", "s"], "additionalProperties": False,
+    "$defs": {"A": {"type": "integer"}}, "definitions": {"A": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("family", list(ToolCallFamily), ids=[f.value for f in ToolCallFamily])
+def test_defs_and_definitions_of_one_function_stay_apart(family):
+    grammar = gbnf.parse(tool_call_grammar(family, (BOTH_KEYWORDS, SCORE), None, parallel=True))
+    honest = [{"name": "pair", "arguments": {"n": 7, "s": "seven"}}]
+    assert grammar.matches(rendered(family, honest))
+    assert grammar.matches(rendered(family, [RATED, *honest]))  # SCORE's $defs/Stop beside them
+    for arguments in ({"n": "seven", "s": "seven"}, {"n": 7, "s": 7}, {"n": "seven", "s": 7}):
+        assert not grammar.matches(rendered(family, [{"name": "pair", "arguments": arguments}])), arguments
 
 
 def test_response_formats():

@@ -151,7 +151,11 @@ class ToolCallStream:
     (llama3, generic). Once a call may have begun, the rest is buffered until `finish()`, which
     then sends each call as two deltas (its id and name, then its whole arguments): a call is only
     known well-formed when complete, and a malformed one must come out as content instead.
-    In generic mode a `{"content": ...}` answer therefore arrives at the end in one piece."""
+    In generic mode a `{"content": ...}` answer therefore arrives at the end in one piece.
+
+    Work per `feed` is proportional to its delta (plus a marker's length), not to the text held:
+    held text is whitespace, kept as pieces and joined once when sent, then at most a marker's
+    or `<|python_tag|>`'s prefix (no marker holds whitespace, so none can begin inside it)."""
 
     def __init__(self, family: ToolCallFamily | str, *, id_seed: Optional[str] = None,
                  allowed_names: Optional[frozenset[str]] = None):
@@ -160,7 +164,8 @@ class ToolCallStream:
         self._seed = secrets.token_hex(16) if id_seed is None else id_seed
         self._allowed = allowed_names
         self._parts: list[str] = []
-        self._pending = ""  # received, neither sent nor buffered for finish()
+        self._space: list[str] = []  # received, held (whitespace only): pieces, joined when sent
+        self._held = ""  # received after `_space`, held: a marker's or the tag's prefix, or ""
         self._mode = "open"  # "open": still deciding; "calls": buffering to finish(); "text": all content
         self._sent = 0  # characters of content sent
 
@@ -172,11 +177,9 @@ class ToolCallStream:
             return []
         if self._mode == "text":
             return self._send(text_delta)
-        scanned = max(0, len(self._pending) - len(_MISTRAL_CALLS))  # a marker cannot start before
-        self._pending += text_delta
         if self.family in (ToolCallFamily.HERMES, ToolCallFamily.MISTRAL):
-            return self._scan_marker(scanned)
-        return self._scan_start()
+            return self._scan_marker(self._held + text_delta)
+        return self._scan_start(self._held + text_delta)
 
     def finish(self) -> list[Delta]:
         if self.parsed is not None:
@@ -190,32 +193,41 @@ class ToolCallStream:
             out.append(Delta(tool_call={"index": i, "function": {"arguments": call.arguments}}))
         return out
 
-    def _scan_marker(self, start: int) -> list[Delta]:
+    def _scan_marker(self, text: str) -> list[Delta]:
+        """`text`: the held marker prefix and the delta. Sends the text before the marker once it
+        is found; until then, all but trailing whitespace and a marker prefix, which it holds."""
         marker = _HERMES_OPEN if self.family == ToolCallFamily.HERMES else _MISTRAL_CALLS
-        at = self._pending.find(marker, start)
+        at = text.find(marker)
         if at >= 0:
             self._mode = "calls"
-            return self._send(self._pending[:at].rstrip())
-        keep = min(len(marker) - 1, len(self._pending))
-        while keep and not self._pending.endswith(marker[:keep]):
+            words = text[:at].rstrip()
+            return self._send("".join(self._space) + words if words else "")
+        keep = min(len(marker) - 1, len(text))
+        while keep and not text.endswith(marker[:keep]):
             keep -= 1
-        cut = len(self._pending) - keep
-        while cut and self._pending[cut - 1].isspace():
-            cut -= 1
-        sent, self._pending = self._pending[:cut], self._pending[cut:]
+        ready, self._held = text[:len(text) - keep], text[len(text) - keep:]
+        words = ready.rstrip()
+        if not words:
+            self._space.append(ready)
+            return []
+        sent, self._space = "".join(self._space) + words, [ready[len(words):]]
         return self._send(sent)
 
-    def _scan_start(self) -> list[Delta]:
-        head = self._pending.lstrip()
+    def _scan_start(self, text: str) -> list[Delta]:
+        """`text`: the held tag prefix and the delta. Holds leading whitespace and a prefix of
+        `<|python_tag|>` (llama3); a `{` or the tag begins the calls, anything else makes the whole
+        text content."""
+        head = text.lstrip()  # the held prefix, if any, starts with "<"
         tagged = self.family == ToolCallFamily.LLAMA3
         if head.startswith("{") or (tagged and head.startswith(_PYTHON_TAG)):
             self._mode = "calls"
             return []
         if not head or (tagged and _PYTHON_TAG.startswith(head)):
+            self._space.append(text[:len(text) - len(head)])
+            self._held = head
             return []
         self._mode = "text"
-        sent, self._pending = self._pending, ""
-        return self._send(sent)
+        return self._send("".join(self._space) + text)
 
     def _send(self, text: str) -> list[Delta]:
         self._sent += len(text)

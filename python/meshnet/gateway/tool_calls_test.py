@@ -443,3 +443,36 @@ def test_random_outputs_never_raise_and_stream_alike(family):
         assert content == (whole.content or "") and len(calls) == len(whole.tool_calls)
         if whole.malformed or not whole.tool_calls:
             assert whole.content == text or (family == GENERIC and not whole.malformed)
+
+
+# Review finding 14 (issue 55): the stream rescanned all held whitespace per delta, 2.5 s of the
+# gateway's event loop for 4,096 whitespace tokens. Each character is now scanned once, and a
+# held marker prefix once more by the delta after it: the work is linear in the text.
+SPACES = [" ", "\n"] * 10_000
+LONG_HOLDS = [  # family, deltas, the prefix held across a delta, content
+    (HERMES, ["Hi", *SPACES, "<tool_c", "\n", *SPACES, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'],
+     "<tool_c", "Hi" + "".join(SPACES) + "<tool_c"),
+    (MISTRAL, ["Hi", *SPACES, "[TOOL_", "\n", *SPACES, '[TOOL_CALLS][{"name": "f", "arguments": {}}]'],
+     "[TOOL_", "Hi" + "".join(SPACES) + "[TOOL_"),
+    (LLAMA3, [*SPACES, "<|pyth", 'on_tag|>{"name": "f", "parameters": {}}'], "<|pyth", None),
+    (GENERIC, [*SPACES, '{"tool_calls": [{"name": "f", "arguments": {}}]}'], "", None),
+]
+
+
+@pytest.mark.parametrize("family,deltas,held,content", LONG_HOLDS, ids=[h[0].value for h in LONG_HOLDS])
+def test_held_whitespace_is_scanned_once(family, deltas, held, content, monkeypatch):
+    scanned = []
+    for name in ("_scan_marker", "_scan_start"):
+        def counted(self, text, scan=getattr(ToolCallStream, name)):
+            scanned.append(len(text))
+            return scan(self, text)
+        monkeypatch.setattr(ToolCallStream, name, counted)
+    text = "".join(deltas)
+    stream = ToolCallStream(family, id_seed=SEED)
+    early = "".join(d.content for delta in deltas for d in stream.feed(delta))
+    final = stream.finish()
+    assert sum(scanned) == len(text) + len(held)
+    assert stream.parsed == parse_tool_calls(family, text, id_seed=SEED)
+    assert (stream.parsed.content, [c.name for c in stream.parsed.tool_calls]) == (content, ["f"])
+    assert early == (content or "")  # all content sent before finish(), none held back
+    assert [d.tool_call["function"]["name"] for d in final if "id" in (d.tool_call or {})] == ["f"]

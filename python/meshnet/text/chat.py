@@ -11,9 +11,9 @@ Messages are checked first; a malformed message or a failing template raises Cha
 
 A template is untrusted code from a model file, so rendering is bounded (issue 35, finding 11):
 at most RENDER_SECONDS of the rendering thread (a trace function checks the clock on every line
-the template runs, loops included, and stops it), strings and lists that `*`, `%` and the
-growing str methods would make past MAX_RENDER_CHARS refused before they are made, and the
-output cut at MAX_RENDER_CHARS.
+the template runs, loops included, and stops it), strings and lists that `*`, `%`, `+`, `~`,
+block sets and macros (issue 55, finding 17) and the growing str methods would make past
+MAX_RENDER_CHARS refused before they are made, and the output cut at MAX_RENDER_CHARS.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, Optional
 
 import jinja2
+import jinja2.compiler
 import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
@@ -215,14 +216,53 @@ def _check_size(n: int) -> None:
         raise _Bound(f"it would make a value of {n} characters (at most {MAX_RENDER_CHARS})")
 
 
-class _BoundedSandbox(ImmutableSandboxedEnvironment):
-    """The sandbox, with the sizes of what `*`, `%`, str.replace and the padding methods make
-    checked before they are made, and of anything any call returns after."""
+def _bounded_concat(parts: Any) -> str:
+    """environment.concat: joins a block's output (`{% set %}...{% endset %}`, a macro's body,
+    a caller's), refused first when it would pass MAX_RENDER_CHARS."""
+    strings = list(parts)
+    _check_size(sum(map(len, strings)))
+    return "".join(strings)
 
-    intercepted_binops = frozenset(["*", "**", "%"])
+
+class _BoundedCodeGenerator(jinja2.compiler.CodeGenerator):
+    """jinja2's code generator, but `a ~ b` (a Concat node, which the sandbox's binop hook never
+    sees) is compiled to `str_join(environment.concat_parts((a, b, )))`, so that the parts' size
+    is checked before they are joined. The join is the one jinja2 3.1's visit_Concat picks."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: jinja2.compiler.Frame) -> None:
+        if frame.eval_ctx.volatile:
+            join = "(markup_join if context.eval_ctx.volatile else str_join)"
+        elif frame.eval_ctx.autoescape:
+            join = "markup_join"
+        else:
+            join = "str_join"
+        self.write(f"{join}(environment.concat_parts((")
+        for part in node.nodes:
+            self.visit(part, frame)
+            self.write(", ")
+        self.write(")))")
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with the sizes of what `*`, `%`, `+`, `~`, block output, str.replace and the
+    padding methods make checked before they are made, and of anything any call returns after."""
+
+    intercepted_binops = frozenset(["*", "**", "%", "+"])
+    code_generator_class = _BoundedCodeGenerator
+    concat = staticmethod(_bounded_concat)
+
+    @staticmethod
+    def concat_parts(parts: tuple) -> tuple:
+        """The parts of `a ~ b ~ ...` as strings, as str_join and markup_join make them (str() of
+        what is not a str), refused when together they would pass MAX_RENDER_CHARS."""
+        strings = tuple(part if isinstance(part, str) else str(part) for part in parts)
+        _check_size(sum(map(len, strings)))
+        return strings
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
+        if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            _check_size(len(left) + len(right))
+        elif operator == "*":
             for seq, times in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
                     _check_size(len(seq) * max(times, 0))

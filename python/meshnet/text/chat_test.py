@@ -4,6 +4,7 @@ imported for the gateway), and its refusals."""
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,39 @@ def test_tools_and_tool_turns_match_transformers(tokenizer, hf_tokenizer):
 def test_template_errors_are_chat_template_errors(template, match):
     with pytest.raises(ChatTemplateError, match=match):
         render_chat(template, [{"role": "user", "content": "x"}])
+
+
+# Review finding 17 (issue 55): a value doubled forty times by `~` (or `+`, or a block set) was
+# stopped only by the clock, after peaking at 1.5 GiB; it is now refused at its first doubling
+# past MAX_RENDER_CHARS (2**22 characters, from 'ab' at the 22nd), as `*` is.
+DOUBLED = "{% set ns = namespace(s=START) %}{% for i in range(40) %}STEP{% endfor %}{{ ns.s | length }}"
+DOUBLING_TEMPLATES = {
+    "a string repeated by *": "{{ 'a' * 8388608 }}",  # the refusal the others must equal
+    "a string doubled by ~": DOUBLED.replace("START", "'ab'").replace("STEP", "{% set ns.s = ns.s ~ ns.s %}"),
+    "a string doubled by +": DOUBLED.replace("START", "'ab'").replace("STEP", "{% set ns.s = ns.s + ns.s %}"),
+    "a list doubled by +": DOUBLED.replace("START", "['ab']").replace("STEP", "{% set ns.s = ns.s + ns.s %}"),
+    "a string doubled by a block set": DOUBLED.replace("START", "'ab'").replace(
+        "STEP", "{% set s %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = s %}"),
+}
+
+
+@pytest.mark.parametrize("template", DOUBLING_TEMPLATES.values(), ids=DOUBLING_TEMPLATES.keys())
+def test_a_doubling_template_is_refused_before_it_grows(template):
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatTemplateError) as refused:
+            render_chat(template, [{"role": "user", "content": "x"}])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(refused.value) == "chat template stopped: it would make a value of 8388608 characters (at most 4194304)"
+    assert peak < 64 << 20  # the list's 2**22 pointers and their copy are 48 MiB; strings far less
+
+
+def test_concatenation_within_the_bound_renders_as_jinja2_does():
+    template = ("{% for m in messages %}{{ '<|' ~ m['role'] ~ '|>' ~ m['content'] ~ 1 ~ none }}{% endfor %}"
+                "|{{ [1] + [2] }}|{{ 'a' + 'b' }}|{{ 2 + 3 }}|{% set s %}x{{ 1 }}{% endset %}{{ s ~ 3 }}"
+                "|{% autoescape true %}{{ ('<b>' | safe) ~ messages[0]['content'] }}{% endautoescape %}"
+                "|{{ ('ab' * 1048576 ~ 'ab' * 1048576) | length }}")
+    messages = [{"role": "user", "content": "&"}, {"role": "assistant", "content": "yo"}]
+    assert render_chat(template, messages) == "<|user|>&1None<|assistant|>yo1None|[1, 2]|ab|5|x13|<b>&amp;|4194304"
