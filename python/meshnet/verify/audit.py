@@ -269,8 +269,7 @@ def judge(hops: Sequence[HopCommitments], replay: dict, tol: cm.Tolerance | Sequ
             if len(rows):
                 sampled = cm.TokenCommitment(hop.sampled.tokens[rows], hop.sampled.logits[rows])
                 greedy = hop.temperature == 0 and not hop.constrained
-                gap_tol = tol if greedy else dataclasses.replace(tol, max_logit_gap=float("inf"))
-                bad = rows[~cm.tokens_pass(sampled, replay["logits"][rows], gap_tol)]
+                bad = rows[~cm.tokens_pass(sampled, replay["logits"][rows], tol, rank=greedy)]
                 checked += len(rows)
                 if len(bad):
                     findings.append(Finding(hop.node_id, "token", tuple(map(int, bad)),

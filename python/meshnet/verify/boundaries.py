@@ -50,7 +50,8 @@ def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges:
     `devices`: where each range computes (the tool's --device; default the CPU): a GPU device
     needs a `binary` linked with its backend (//cpp/engine:dump_boundaries_vulkan, ADR 0014).
     `matmul_activations`: one for every range, or one per range (a route mixing backends whose
-    recipes differ, ADR 0015)."""
+    recipes differ, ADR 0015). BoundariesError, before its process starts, for a piece whose file
+    no longer has the sha256 it was opened with (`RangeFile.check`)."""
     if any(a[1] != b[0] for a, b in zip(ranges, ranges[1:])) or ranges[-1][1] != model.n_layer:
         raise BoundariesError(f"ranges {list(ranges)} are not a contiguous chain ending at layer {model.n_layer}")
     devices = list(devices) if devices is not None else ["cpu"] * len(ranges)
@@ -69,6 +70,10 @@ def run_streamed(binary: Path, model: ModelFiles, tokens: Sequence[int], ranges:
             except ValueError as err:
                 raise BoundariesError(str(err)) from None
             for j, piece in enumerate(pieces):
+                try:
+                    piece.check()  # the bytes opened as this model's, not a file changed since
+                except ValueError as err:
+                    raise BoundariesError(str(err)) from None
                 prefix = Path(tmp) / f"range{i}.piece{j}"
                 on_device = ["--device", devices[i]] if devices[i] != "cpu" else []
                 _run(binary, activations[i], [*on_device, *given], piece.path, prefix, f"{piece.start}:{piece.end}",

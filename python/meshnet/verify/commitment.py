@@ -16,13 +16,16 @@ batch shape, another replica) and checks each commitment against its own row:
   differ only on near-ties).
 
 A position passes when each figure is within a `Tolerance`. Tolerances are calibrated from
-honest divergence only (meshnet.verify.calibrate), never from a cheat's numbers. numpy only.
+honest divergence only (meshnet.verify.calibrate), never from a cheat's numbers; one whose bounds
+cannot tell an honest hop from a cheat (NaN, infinite, negative) cannot be made. numpy only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -55,15 +58,41 @@ class Tolerance:
     max_logit_error: float  # token: |committed logit - replay logit| allowed
     max_logit_gap: float  # token: replay best logit - replay logit of the token allowed
 
+    def __post_init__(self) -> None:
+        """ValueError for a bound that judges nothing (issue 55, finding 16): NaN or a negative
+        error refutes every hop, infinity or an overlap below 1 passes every hop, an overlap
+        above K refutes every hop."""
+        for name in ("max_value_error", "max_logit_error", "max_logit_gap"):
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"tolerance {name} must be a finite number >= 0, not {value!r}")
+        overlap = self.min_overlap
+        if not isinstance(overlap, numbers.Integral) or isinstance(overlap, bool) or not 1 <= overlap <= K:
+            raise ValueError(f"tolerance min_overlap must be a whole number in [1, {K}] (of the K={K} committed "
+                             f"indices), not {overlap!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
 
 def tolerance_from_calibration(path, compute_backend: str = "cpu") -> Tolerance:
     """The tolerance a calibration run set (meshnet.verify.calibrate's calibration.json) on
-    `compute_backend`; ValueError if the run calibrated another backend (absent: the CPU)."""
+    `compute_backend`; ValueError if the run calibrated another backend (absent: the CPU), or
+    the file is not such a report or its tolerance judges nothing (`Tolerance`)."""
     report = json.loads(Path(path).read_text())
+    if not isinstance(report, dict) or not isinstance(report.get("tolerance"), dict):
+        raise ValueError(f"{path} is not a calibration report: no tolerance object")
     calibrated = report.get("compute_backend", "cpu")
     if calibrated != compute_backend:
         raise ValueError(f"{path} calibrates the {calibrated} backend, not {compute_backend}")
-    return Tolerance(**report["tolerance"])
+    fields = {f.name for f in dataclasses.fields(Tolerance)}
+    if set(report["tolerance"]) != fields:
+        raise ValueError(f"{path}: a tolerance has exactly {sorted(fields)}, not {sorted(report['tolerance'])}")
+    try:
+        return Tolerance(**report["tolerance"])
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def loosest(tolerances) -> Tolerance:
@@ -115,6 +144,9 @@ def hidden_passes(commitment: HiddenCommitment, replay: np.ndarray, tol: Toleran
     return (value_error <= tol.max_value_error) & (overlap >= tol.min_overlap)
 
 
-def tokens_pass(commitment: TokenCommitment, replay_logits: np.ndarray, tol: Tolerance) -> np.ndarray:
+def tokens_pass(commitment: TokenCommitment, replay_logits: np.ndarray, tol: Tolerance,
+                rank: bool = True) -> np.ndarray:
+    """bool [positions]; `rank`: whether each token must also be within `max_logit_gap` of the
+    replay's best (greedy decoding only: a sampled or constrained token need not be near it)."""
     logit_error, logit_gap = token_mismatch(commitment, replay_logits)
-    return (logit_error <= tol.max_logit_error) & (logit_gap <= tol.max_logit_gap)
+    return (logit_error <= tol.max_logit_error) & ((logit_gap <= tol.max_logit_gap) | (not rank))

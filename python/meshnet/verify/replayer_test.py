@@ -3,11 +3,14 @@ must be the replayer's model, every hop's backend one it replays, and each hop's
 fingerprint the one that recipe gives here; each hop is judged at the loosest calibrated
 tolerance of the backends its boundary went through (ADR 0015). Every refusal happens before any
 hop is contacted (run_audit on a job whose hops are unreachable raises WrongRecipe, not a
-connection error)."""
+connection error). A verifier refuses what it must not judge by (issue 55): a calibration whose
+tolerance judges nothing, and a part that is not the bytes its parts record names."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,8 @@ import pytest
 
 from meshnet.identity.keys import Identity
 from meshnet.recipe.certify import recipe_of
-from meshnet.recipe.fingerprint import CACHE_ENV, gguf_summary
+from meshnet.recipe.cut_model import cut
+from meshnet.recipe.fingerprint import CACHE_ENV, artifact_fingerprint, gguf_summary
 from meshnet.recipe.fixtures import write_tiny_llama
 from meshnet.verify import audit, commitment, verifier
 from meshnet.wire import tracker as tt
@@ -130,3 +134,45 @@ def test_a_replay_on_a_gpu_backend_computes_as_the_session_did():
                                 tt.SignedCommitments(b"", b""))
     assert audit.prompt_length([last]) == 4  # position 3's logits gave the first sampled token
     assert audit.prompt_length([dataclasses.replace(last, sampled=None)]) == 0
+
+
+def test_a_calibration_whose_tolerance_judges_nothing_stops_the_verifier(tmp_path, capsys):
+    calibration = tmp_path / "calibration.json"
+    for bad, reason in [({"max_value_error": float("nan")}, "max_value_error must be a finite number >= 0, not nan"),
+                        ({"max_logit_gap": float("inf")}, "max_logit_gap must be a finite number >= 0, not inf"),
+                        ({"min_overlap": -1}, "min_overlap must be a whole number in [1, 8] (of the K=8 committed "
+                                              "indices), not -1")]:
+        tolerance = {"max_value_error": 0.1, "min_overlap": 6, "max_logit_error": 0.2, "max_logit_gap": 0.3, **bad}
+        calibration.write_text(json.dumps({"tolerance": tolerance}))
+        with pytest.raises(SystemExit) as exited:
+            verifier.backends_from_flags(verifier.argparse.ArgumentParser(), [], [str(calibration)])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(
+            f"error: --calibration {calibration}: {calibration}: tolerance {reason}")
+
+
+def test_a_part_that_is_not_its_records_bytes_is_never_replayed(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "fingerprints.json"))
+    cut(write_tiny_llama(tmp_path / "tiny.gguf"), [(0, 2), (2, 4)], tmp_path / "parts")
+    record, part = tmp_path / "parts" / "tiny.parts.json", tmp_path / "parts" / "tiny.layers-0-2.gguf"
+    runs = tmp_path / "runs"
+    binary = tmp_path / "dump_boundaries"  # stands in for the tool: records that it ran
+    binary.write_text(f"#!/bin/sh\necho ran >> {runs}\necho ran on \"$*\" >&2\nexit 1\n")
+    binary.chmod(0o755)
+    replayer = audit.Replayer(binary, record)
+    with pytest.raises(audit.AuditError) as failed:
+        replayer.replay([1, 2, 3], [(0, 2), (2, 4)])
+    assert str(failed.value).startswith(f"replay failed: dump_boundaries exited 1: ran on {part} ")  # honest: run
+    recorded = json.loads(record.read_text())["parts"][0]["sha256"]
+    data = bytearray(part.read_bytes())
+    data[-1] ^= 0xFF  # a weight's last byte: same size, same header
+    part.write_bytes(bytes(data))
+    os.utime(part, ns=(part.stat().st_atime_ns, part.stat().st_mtime_ns + 10**9))  # as a later rewrite would
+    changed = f"tiny.layers-0-2.gguf (layers [0, 2)) has sha256 {artifact_fingerprint(part)}, not {recorded}"
+    with pytest.raises(audit.AuditError) as refused:
+        replayer.replay([1, 2, 3], [(0, 2), (2, 4)])
+    assert str(refused.value) == f"replay failed: {changed}"
+    assert runs.read_text() == "ran\n"  # not run again
+    with pytest.raises(ValueError) as refused:  # a verifier started now: --gguf is refused (exit 2)
+        audit.Replayer(binary, record)
+    assert str(refused.value) == f"{record}: part {changed}"
