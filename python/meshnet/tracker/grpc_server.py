@@ -13,7 +13,13 @@ every thread, so Coverage timed out and every node's lease lapsed. Here:
   own, so that client calls cannot starve heartbeats;
 - at most `max_calls_per_peer` calls in progress per IP address, waiting ones included
   (RESOURCE_EXHAUSTED past it), `max_streams_per_connection` per HTTP/2 connection, `max_calls`
-  in all.
+  in all;
+- issue 55, finding 3 (a few addresses starved the tracker): a method that needs no role
+  (TrackerKey) is answered without reading its message, so a call without a token holds nothing;
+  calls are also counted per network prefix (/24 for IPv4, /64 for IPv6: one host owns a whole
+  /64); calls waiting for their message have caps of their own, per prefix and in all, far below
+  `max_calls`, and node methods wait under caps apart from everyone else's; `node_reserve` of
+  `max_calls` is kept for node methods, so that no number of clients starves heartbeats.
 
 `TrackerServer` keeps the synchronous server's surface its callers use: `port`, and
 `stop(grace)` returning an event to `.wait()` on.
@@ -25,6 +31,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import ipaddress
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +63,10 @@ class ServerLimits:
     message_timeout: float = 10.0  # seconds from a call's start to its request message
     max_streams_per_connection: int = 32  # concurrent calls on one HTTP/2 connection
     max_calls: int = 1024  # calls in progress in all
+    max_calls_per_prefix: int = 256  # calls in progress from one /24 (IPv4) or /64 (IPv6)
+    max_waiting: int = 256  # calls waiting for their message, in all (node methods: as many again, apart)
+    max_waiting_per_prefix: int = 64  # calls waiting for their message from one prefix (node methods apart)
+    node_reserve: int = 256  # of max_calls, kept for node methods (other calls: max_calls - node_reserve)
 
 
 def peer_address(peer: str) -> str:
@@ -66,16 +77,47 @@ def peer_address(peer: str) -> str:
     return peer
 
 
+def peer_prefix(address: str) -> str:
+    """The network a peer address counts in: '1.2.3.4' -> '1.2.3.0/24', '2001:db8::1' ->
+    '2001:db8::/64' (an IPv4-mapped IPv6 address counts as its IPv4); anything else as it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    bits = 24 if ip.version == 4 else 64
+    return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
+
+
+class _Counts:
+    """Calls counted per key and in all; the loop thread only."""
+
+    def __init__(self) -> None:
+        self.per: collections.Counter = collections.Counter()
+        self.total = 0
+
+    def add(self, key: str, n: int) -> None:
+        self.per[key] += n
+        self.total += n
+        if self.per[key] <= 0:
+            del self.per[key]
+
+
 class _Gate(grpc.aio.ServerInterceptor):
     """Every Tracker call passes here before its message is read: refused from its metadata
     alone when its bearer token grants no role allowed for its method; refused when its peer
     already has max_calls_per_peer calls in progress (waiting ones included); cut when its
-    message has not arrived within message_timeout. Then the method runs."""
+    message has not arrived within message_timeout. Then the method runs. A method that needs no
+    role is answered at once, without its message (it has none worth waiting for)."""
 
     def __init__(self, method_roles: Mapping[str, frozenset[str]], role_of: Callable[[str], Optional[str]],
                  on_refused: Callable[[str, Refused, float], None], limits: ServerLimits) -> None:
         self._roles, self._role_of, self._on_refused, self._limits = method_roles, role_of, on_refused, limits
         self._in_progress: collections.Counter = collections.Counter()  # per peer; the loop thread only
+        self._per_prefix = _Counts()  # calls in progress per prefix
+        self._others = _Counts()  # calls in progress that are not node methods (per prefix)
+        self._waiting = {True: _Counts(), False: _Counts()}  # waiting for their message, node methods apart
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         service, _, method = details.method.lstrip("/").partition("/")
@@ -91,31 +133,70 @@ class _Gate(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or handler.unary_unary is None:
             return handler
-        return grpc.stream_unary_rpc_method_handler(functools.partial(self._bounded, method, handler.unary_unary),
-                                                    request_deserializer=handler.request_deserializer,
+        if method not in self._roles:  # public: answered from an empty request, its message never read
+            behaviour = functools.partial(self._public, handler.unary_unary, handler.request_deserializer(b""))
+        else:
+            behaviour = functools.partial(self._bounded, method, handler.unary_unary)
+        return grpc.stream_unary_rpc_method_handler(behaviour, request_deserializer=handler.request_deserializer,
                                                     response_serializer=handler.response_serializer)
+
+    @staticmethod
+    async def _public(behaviour, empty_request, request_iterator, context: grpc.aio.ServicerContext):
+        return await behaviour(empty_request, context)
+
+    def _over(self, method: str, peer: str, prefix: str) -> Optional[str]:
+        """Why a call from `peer` to `method` is refused now, or None."""
+        limits, node = self._limits, method in NODE_METHODS
+        waiting = self._waiting[node]
+        if self._in_progress[peer] >= limits.max_calls_per_peer:
+            return f"{limits.max_calls_per_peer} calls in progress from {peer}"
+        if self._per_prefix.per[prefix] >= limits.max_calls_per_prefix:
+            return f"{limits.max_calls_per_prefix} calls in progress from {prefix}"
+        if not node and self._others.total >= limits.max_calls - limits.node_reserve:
+            return f"{self._others.total} calls in progress (the rest is kept for nodes)"
+        if waiting.per[prefix] >= limits.max_waiting_per_prefix:
+            return f"{limits.max_waiting_per_prefix} calls from {prefix} are waiting for their message"
+        if waiting.total >= limits.max_waiting:
+            return f"{limits.max_waiting} calls are waiting for their message"
+        return None
 
     async def _bounded(self, method: str, behaviour, request_iterator, context: grpc.aio.ServicerContext):
         peer = peer_address(context.peer())
-        if self._in_progress[peer] >= self._limits.max_calls_per_peer:
-            await self._abort(context, method, Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self._limits.max_calls_per_peer} calls in progress from {peer}; retry later"))
+        prefix, node = peer_prefix(peer), method in NODE_METHODS
+        why = self._over(method, peer, prefix)
+        if why is not None:
+            await self._abort(context, method, Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{why}; retry later"))
+        counts = [self._per_prefix] + ([] if node else [self._others])
         self._in_progress[peer] += 1
+        for count in counts:
+            count.add(prefix, 1)
         try:
-            try:
-                request = await asyncio.wait_for(context.read(), self._limits.message_timeout)
-            except asyncio.TimeoutError:
-                await self._abort(context, method, Refused(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"no request message within {self._limits.message_timeout:g} s of the call"))
-            if request is grpc.aio.EOF:
-                await self._abort(context, method, Refused(grpc.StatusCode.INVALID_ARGUMENT, "no request message"))
+            request = await self._message(method, context, self._waiting[node], prefix)
             return await behaviour(request, context)
         finally:
             self._in_progress[peer] -= 1
             if self._in_progress[peer] <= 0:
                 del self._in_progress[peer]
+            for count in counts:
+                count.add(prefix, -1)
+
+    async def _message(self, method: str, context: grpc.aio.ServicerContext, waiting: _Counts, prefix: str):
+        """The call's request message, counted in `waiting` until it arrives; aborts the call past
+        message_timeout or when there is none."""
+        waiting.add(prefix, 1)
+        try:
+            request = await asyncio.wait_for(context.read(), self._limits.message_timeout)
+        except asyncio.TimeoutError:
+            request = None
+        finally:
+            waiting.add(prefix, -1)
+        if request is None:
+            await self._abort(context, method, Refused(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no request message within {self._limits.message_timeout:g} s of the call"))
+        if request is grpc.aio.EOF:
+            await self._abort(context, method, Refused(grpc.StatusCode.INVALID_ARGUMENT, "no request message"))
+        return request
 
     async def _abort(self, context: grpc.aio.ServicerContext, method: str, refused: Refused) -> None:
         self._on_refused(method, refused, time.perf_counter())

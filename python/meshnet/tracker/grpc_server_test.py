@@ -5,6 +5,7 @@ them a node registers and heartbeats and a client asks for Coverage, and must be
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -15,7 +16,7 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.requests import TOKEN_METADATA
 from meshnet.identity.roles import new_role_tokens
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.tracker.grpc_server import SERVICE, ServerLimits, peer_address
+from meshnet.tracker.grpc_server import NODE_METHODS, SERVICE, Refused, ServerLimits, _Gate, peer_address, peer_prefix
 from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
@@ -148,3 +149,111 @@ def test_peer_addresses():
     assert peer_address("ipv4:10.1.2.3:5678") == "10.1.2.3"
     assert peer_address("ipv6:[::1]:5678") == "::1"
     assert peer_address("unix:/tmp/sock") == "unix:/tmp/sock"
+
+
+def test_peer_prefixes():
+    assert peer_prefix("10.1.2.3") == "10.1.2.0/24"
+    assert peer_prefix("2001:db8:1:2:aaaa::1") == "2001:db8:1:2::/64"
+    assert peer_prefix("::ffff:10.1.2.3") == "10.1.2.0/24"
+    assert peer_prefix("unix:/tmp/sock") == "unix:/tmp/sock"
+
+
+def test_a_public_method_is_answered_without_waiting_for_its_message(tracker):
+    """Issue 55, finding 3: TrackerKey needs no role, and each token-less call waited 10 s for its
+    message, so about 17 addresses filled the tracker's 1,024 calls. Now 1,100 such calls that
+    never send their message, from one address, are answered at once, and honest calls beside."""
+    address, tokens, _ = tracker
+    attacks = [Attack(address, "TrackerKey", 100) for _ in range(11)]  # 11 connections, 32 streams each at most
+    try:
+        for attack in attacks:
+            assert attack.outcomes(timeout=ANSWERED_WITHIN_S) == [grpc.StatusCode.OK] * 100
+        assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
+    finally:
+        for attack in attacks:
+            attack.stop()
+
+
+class FakeContext:
+    """A unit-test fake of grpc.aio's ServicerContext: a peer address, and a request message
+    that arrives only when `arrive` is set (never, for an attacker's call)."""
+
+    def __init__(self, peer: str, arrive: bool = False) -> None:
+        self._peer, self.arrived = peer, asyncio.Event()
+        if arrive:
+            self.arrived.set()
+
+    def peer(self) -> str:
+        return self._peer
+
+    async def read(self):
+        await self.arrived.wait()
+        return "request"
+
+    async def abort(self, code: grpc.StatusCode, message: str) -> None:
+        raise Refused(code, message)
+
+
+def test_waiting_calls_are_capped_per_prefix_and_in_all_and_nodes_keep_their_own():
+    """Issue 55, finding 3, at the gate (a fake context per call: many source addresses cannot be
+    had on loopback): token holders' calls that never send their message, from 16 /24s and from
+    32 addresses of one IPv6 /64, fill only the waiting caps; past them a call is refused
+    RESOURCE_EXHAUSTED at once, while a node's heartbeat and a client whose message arrives are
+    still served."""
+    limits = ServerLimits(max_waiting=16, max_waiting_per_prefix=4, message_timeout=30.0)
+    refused: list[Refused] = []
+    gate = _Gate({}, lambda token: None, lambda method, why, at: refused.append(why), limits)
+
+    async def served(request, context) -> str:
+        return "served"
+
+    async def scenario() -> None:
+        stalled = [asyncio.ensure_future(gate._bounded("OpenRoute", served, None, FakeContext(f"10.0.{i}.{j}")))
+                   for i in range(16) for j in range(2)]
+        stalled += [asyncio.ensure_future(gate._bounded("OpenRoute", served, None, FakeContext(f"2001:db8::{i:x}")))
+                    for i in range(1, 33)]
+        await asyncio.sleep(0.1)
+        waiting = [f for f in stalled if not f.done()]
+        assert len(waiting) == 16  # the total cap; the /64 got at most 4 of them
+        v6 = [f for f in stalled[32:] if not f.done()]
+        assert len(v6) <= 4
+        assert all(isinstance(f.exception(), Refused) and f.exception().code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                   for f in stalled if f.done())
+        node_method = sorted(NODE_METHODS)[0]
+        heartbeat = await asyncio.wait_for(gate._bounded(node_method, served, None, FakeContext("10.9.9.9", True)), 1)
+        assert heartbeat == "served"
+        # A client whose message arrives is served as soon as a waiting slot is free.
+        with pytest.raises(Refused) as busy:
+            await gate._bounded("Coverage", served, None, FakeContext("10.8.8.8", True))
+        assert busy.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "waiting for their message" in busy.value.message
+        for f in waiting:
+            f.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert await gate._bounded("Coverage", served, None, FakeContext("10.8.8.8", True)) == "served"
+
+    asyncio.run(scenario())
+
+
+def test_node_methods_keep_their_reserve_of_calls_in_progress():
+    limits = ServerLimits(max_calls=8, node_reserve=4, max_calls_per_peer=64, message_timeout=30.0)
+    gate = _Gate({}, lambda token: None, lambda method, why, at: None, limits)
+    hold = asyncio.Event()
+
+    async def slow(request, context) -> str:
+        await hold.wait()
+        return "served"
+
+    async def scenario() -> None:
+        clients = [asyncio.ensure_future(gate._bounded("Coverage", slow, None, FakeContext(f"10.{i}.0.1", True)))
+                   for i in range(6)]
+        await asyncio.sleep(0.1)
+        refused = [f for f in clients if f.done()]
+        assert len(refused) == 2 and all(f.exception().code == grpc.StatusCode.RESOURCE_EXHAUSTED for f in refused)
+        nodes = [asyncio.ensure_future(gate._bounded(sorted(NODE_METHODS)[0], slow, None,
+                                                     FakeContext(f"10.{i}.1.1", True))) for i in range(4)]
+        await asyncio.sleep(0.1)
+        assert not any(f.done() for f in nodes)  # all four in progress, none refused
+        hold.set()
+        assert await asyncio.gather(*nodes) == ["served"] * 4
+
+    asyncio.run(scenario())
