@@ -96,8 +96,8 @@ class GgufBackend:
     kind = tt.BackendKind.GGUF
 
     def __init__(self, worker_binary: Path, gguf: Path, layers: tuple[int, int], listen: str, node_id: str, *,
-                 threads: int, max_sessions: int, max_kv_tokens: int, log: Optional[Path], tracker_key: bytes,
-                 tls: Optional[tuple[Path, Path]], node_key: bytes = b"", cheat: str = "",
+                 threads: int, max_sessions: int, max_kv_tokens: int, idle_seconds: float, log: Optional[Path],
+                 tracker_key: bytes, tls: Optional[tuple[Path, Path]], node_key: bytes = b"", cheat: str = "",
                  commitments: bool = True, reference_kernels: bool = True,
                  f32_matmul_activations: bool = False, device: str = "cpu") -> None:
         """`tls`: paths of the shard service's certificate and key PEM, or None (--insecure).
@@ -105,7 +105,8 @@ class GgufBackend:
         `device`: the worker's --device (ADR 0014)."""
         self.node_id = node_id
         self._worker = WorkerProcess(worker_binary, gguf, layers, listen.rsplit(":", 1)[0], node_id, threads=threads,
-                                     max_sessions=max_sessions, n_ctx=max_kv_tokens, tracker_key=tracker_key,
+                                     max_sessions=max_sessions, n_ctx=max_kv_tokens, idle_seconds=idle_seconds,
+                                     tracker_key=tracker_key,
                                      tls=tls, log=log, node_key=node_key, cheat=cheat, commitments=commitments,
                                      reference_kernels=reference_kernels,
                                      f32_matmul_activations=f32_matmul_activations, device=device)

@@ -38,6 +38,7 @@ from meshnet.identity import tls
 from meshnet.identity.keys import Identity
 from meshnet.node import metrics as node_metrics
 from meshnet.node.backends import Backend, GgufBackend, ReferenceBackend
+from meshnet.node.restarts import RestartBudget
 from meshnet.node.tracker_link import NodeRefused, TrackerLink
 from meshnet.node.device_budget import DEFAULT_KV_TOKENS, DeviceBudget, find_device, list_devices, plan
 from meshnet.process import log, parse_size, stop_on_signals, tracker_token, write_port_file
@@ -98,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-seconds", type=float, default=30.0)
     parser.add_argument("--session-idle-seconds", type=float, default=300.0,
                         help="free a session that sent nothing for this long")
-    parser.add_argument("--max-restarts", type=int, default=3, help="worker restarts before giving up (gguf)")
+    parser.add_argument("--max-restarts", type=int, default=3,
+                        help="worker restarts within --restart-window-seconds before giving up (gguf)")
+    parser.add_argument("--restart-window-seconds", type=float, default=600.0,
+                        help="the sliding window --max-restarts counts over")
     parser.add_argument("--hang-probes", type=int, default=3,
                         help="unanswered Health probes in a row before a hung worker is killed and restarted")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once registered")
@@ -134,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cheat-serve-gguf", type=Path, help="TESTS ONLY: the worker loads this GGUF (e.g. a cheaper "
                         "quantization) while the node registers --gguf's fingerprints")
     args = parser.parse_args(argv)
+    try:
+        restarts = RestartBudget(args.max_restarts, args.restart_window_seconds)
+    except ValueError as err:
+        parser.error(f"--max-restarts/--restart-window-seconds: {err}")
     token = tracker_token(parser, args.token_file, "MESHNET_NODE_TOKEN", "node", args.tracker_ca, args.insecure)
     if not args.gguf.is_file():
         parser.error(f"no GGUF file at {args.gguf}")
@@ -195,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             served = args.cheat_serve_gguf or args.gguf  # tests only: another file than the one certified
             backend = GgufBackend(Path(args.worker_binary), served, (start, end), args.listen, node_id,
                                   threads=args.threads, max_sessions=args.max_sessions,
-                                  max_kv_tokens=max_kv_tokens, tracker_key=tracker_key,
+                                  max_kv_tokens=max_kv_tokens, idle_seconds=args.session_idle_seconds,
+                                  tracker_key=tracker_key,
                                   tls=(cert_path, key_path) if cert_pem else None,
                                   log=args.port_file.with_suffix(".worker.log") if args.port_file else None,
                                   node_key=identity.seed, cheat=args.cheat or "",
@@ -301,13 +310,17 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, via: Option
         return 2
     stop = stop_on_signals()  # before the port file: a launcher may signal as soon as it sees it
     write_port_file(args.port_file, int(backend.address.rsplit(":", 1)[1]))
-    restarts = unanswered = 0
+    unanswered = 0
     try:
         while not stop.wait(args.heartbeat_seconds):
             try:
                 load = backend.load() if backend.alive() else None
                 unanswered = 0
             except grpc.RpcError as err:  # alive but not answering Health: hung (e.g. SIGSTOP)
+                if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # it answered: busy, not hung (issue 55)
+                    log("worker_busy", node=node_id, error=str(err.details()))
+                    unanswered = 0
+                    continue
                 unanswered += 1
                 log("worker_unresponsive", node=node_id, error=err.code().name, times=unanswered)
                 if unanswered < args.hang_probes:
@@ -317,13 +330,13 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, via: Option
             if load is None:
                 _quietly(tracker.deregister, node_id)  # its sessions are gone; clients fail over
                 link.registered = False
-                if restarts >= args.max_restarts:
-                    log("worker_failed", node=node_id, restarts=restarts)
+                if not restarts.allow(time.monotonic()):
+                    log("worker_failed", node=node_id, restarts=restarts.recent(time.monotonic()),
+                        window_seconds=args.restart_window_seconds)
                     tracker.close()
                     return 1
-                restarts += 1
                 metrics.count_restart()
-                log("worker_restart", node=node_id, restarts=restarts)
+                log("worker_restart", node=node_id, restarts=restarts.recent(time.monotonic()))
                 backend.restart()
                 unanswered = 0
                 continue

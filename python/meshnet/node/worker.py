@@ -13,6 +13,7 @@ spawned it.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import subprocess
@@ -57,7 +58,7 @@ def server_threads(max_sessions: int) -> int:
 
 class WorkerProcess:
     def __init__(self, binary: Path, gguf: Path, layers: tuple[int, int], host: str, node_id: str, *,
-                 threads: int, max_sessions: int, n_ctx: int, tracker_key: bytes,
+                 threads: int, max_sessions: int, n_ctx: int, tracker_key: bytes, idle_seconds: float = 300.0,
                  tls: Optional[tuple[Path, Path]], log: Optional[Path] = None, node_key: bytes = b"",
                  cheat: str = "", commitments: bool = True, reference_kernels: bool = True,
                  f32_matmul_activations: bool = False, device: str = "cpu") -> None:
@@ -70,11 +71,14 @@ class WorkerProcess:
         solo and agreement with fp32 math drops (ADR 0009, 0010; benchmarks of that cost only).
         `f32_matmul_activations`: quantized weights dequantized and dotted with F32 activations,
         for a model certified with that recipe (ADR 0012). `device`: where the range computes
-        ("cpu", "vulkan0", ...; the binary must link that backend, ADR 0014)."""
+        ("cpu", "vulkan0", ...; the binary must link that backend, ADR 0014). `idle_seconds`: a
+        session with no frame for this long is freed (the worker's --idle_seconds, whole seconds,
+        at least 1)."""
         if not binary.is_file():
             raise WorkerError(f"no worker binary at {binary}")
         self._cmd = [str(binary), f"--model={gguf}", f"--layers={layers[0]}:{layers[1]}", f"--listen={host}:0",
                      f"--threads={threads}", f"--max_sessions={max_sessions}", f"--n_ctx={n_ctx}",
+                     f"--idle_seconds={max(1, math.ceil(idle_seconds))}",
                      f"--max_batch_tokens={MAX_BATCH_TOKENS}", f"--batch_window_us={BATCH_WINDOW_US}",
                      f"--max_threads={server_threads(max_sessions)}",
                      f"--max_concurrent_streams={server_threads(max_sessions)}",
