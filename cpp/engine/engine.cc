@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cpp/engine/cpu_switch.h"
+#include "cpp/engine/llama_log/llama_log.h"
 #include "ggml-backend.h"
 #include "gguf.h"
 #include "llama-ext.h"
@@ -21,34 +22,13 @@
 namespace meshnet::engine {
 namespace {
 
-// llama.cpp logs through one process-wide callback. Errors are kept (per thread) so a failed
-// load or decode can say why; everything below WARN is dropped unless MESHNET_LLAMA_LOG=1.
-thread_local std::string g_last_llama_error;
-
-void LogCallback(ggml_log_level level, const char* text, void*) {
-  static const bool verbose = std::getenv("MESHNET_LLAMA_LOG") != nullptr;
-  if (level == GGML_LOG_LEVEL_ERROR) {
-    g_last_llama_error += text;
-  }
-  if (verbose || level == GGML_LOG_LEVEL_ERROR) {
-    std::fputs(text, stderr);
-  }
-}
-
 void InitBackendOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
-    llama_log_set(LogCallback, nullptr);
+    InstallLlamaLog();
     llama_backend_init();
     RegisterLinkedBackends();
   });
-}
-
-std::string TakeLlamaError() {
-  std::string text = std::move(g_last_llama_error);
-  g_last_llama_error.clear();
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return text;
 }
 
 // Reads general.architecture and the expert count from the GGUF header (no tensor data) and

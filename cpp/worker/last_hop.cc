@@ -20,7 +20,7 @@ protocol::Status LastHop::Configure(const protocol::SeamFrame& frame) {
   }
   std::string error;
   std::unique_ptr<engine::Sampler> made =
-      engine::Sampler::Make(*frame.sampling, hop_.scheduler->vocab(), &error);
+      engine::Sampler::Make(*frame.sampling, hop_.scheduler->vocab(), &error, hop_.options->sampling_budget);
   if (made == nullptr) return protocol::InvalidArgumentError("sampling: " + error);
   sampler_ = std::move(made);
   return protocol::OkStatus();
@@ -40,8 +40,9 @@ Sampled LastHop::Accept(const protocol::SeamFrame& frame, const std::vector<floa
     const uint64_t position = end - rows + r + 1;  // row r's logits give the token after it
     const uint32_t token = chooser.Choose(logits.data() + r * n_vocab, n_vocab);
     if (token == engine::kNoToken) {
-      out.status = protocol::InvalidArgumentError("constrained sampling at position " +
-                                                  std::to_string(position) + ": " + chooser.error());
+      const std::string why = "constrained sampling at position " + std::to_string(position) + ": " + chooser.error();
+      out.status = chooser.over_budget() ? protocol::MakeError(protocol::Code::kResourceExhausted, why)
+                                         : protocol::InvalidArgumentError(why);
       break;
     }
     out.tokens.push_back({token, position, r});

@@ -10,6 +10,8 @@
 //   [--f32_attention=0|1] [--f32_matmul_activations=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
+//   [--sampling_budget_ms=MS] [--first_frame_ms=MS] [--max_stranger_streams=N]
+//   [--max_stranger_streams_per_peer=N]
 //   [--parent_pid=PID] [--commitments=0|1] [--cheat=noise:F|garbage|forge_tokens|skip_layer]   (--cheat: tests only)
 // Route tickets are verified with the tracker's key (docs/adr/0003-identities-and-route-
 // tickets.md); the shard service is served over TLS with the given certificate, or plaintext
@@ -30,6 +32,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -246,11 +249,32 @@ int main(int argc, char** argv) {
   service_options.sessions.idle = std::chrono::seconds(IntFlag(flags, "idle_seconds", 300));
   service_options.ticket_deadline =
       std::chrono::milliseconds(IntFlag(flags, "ticket_deadline_ms", 10000));
+  // Seam streams without a valid ticket yet (issue 55, finding 5): a quarter of the gRPC threads
+  // in all, three quarters of that (at least 8, an honest burst of sessions from one gateway)
+  // from one peer; a stream that sends nothing is cut after --first_frame_ms.
+  const int max_threads = IntFlag(flags, "max_threads", 64);
+  service_options.first_frame_deadline = std::chrono::milliseconds(IntFlag(flags, "first_frame_ms", 2000));
+  service_options.max_stranger_streams = IntFlag(flags, "max_stranger_streams", std::max(2, max_threads / 4));
+  service_options.max_stranger_streams_per_peer =
+      IntFlag(flags, "max_stranger_streams_per_peer",
+              std::max(std::min(8, service_options.max_stranger_streams), service_options.max_stranger_streams * 3 / 4));
+  if (service_options.first_frame_deadline.count() <= 0 || service_options.max_stranger_streams < 1 ||
+      service_options.max_stranger_streams_per_peer < 1) {
+    std::cerr << "worker: --first_frame_ms, --max_stranger_streams and --max_stranger_streams_per_peer must be positive\n";
+    return 2;
+  }
   // A step without a budget_ms fails DEADLINE_EXCEEDED after this; connecting to the next hop
   // fails UNAVAILABLE after the other (or the step's deadline, if sooner).
   service_options.max_step = std::chrono::milliseconds(IntFlag(flags, "max_step_ms", 120000));
   service_options.connect_timeout =
       std::chrono::milliseconds(IntFlag(flags, "connect_timeout_ms", 10000));
+  // A constrained draw that takes more CPU than this ends its session's sampling (0: no limit).
+  service_options.sampling_budget =
+      std::chrono::milliseconds(IntFlag(flags, "sampling_budget_ms", 1000));
+  if (service_options.sampling_budget.count() < 0) {
+    std::cerr << "worker: --sampling_budget_ms must be 0 (no limit) or positive\n";
+    return 2;
+  }
   if (service_options.max_step.count() <= 0 || service_options.connect_timeout.count() <= 0) {
     std::cerr << "worker: --max_step_ms and --connect_timeout_ms must be positive\n";
     return 2;
@@ -282,7 +306,7 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   grpc::ResourceQuota quota("meshnet-worker");
-  quota.SetMaxThreads(IntFlag(flags, "max_threads", 64));
+  quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -31,12 +31,24 @@ struct ServiceOptions {
   std::chrono::milliseconds results_grace{10000};
   // A Seam stream that has not presented a valid ticket by then is cancelled.
   std::chrono::milliseconds ticket_deadline{10000};
+  // A Seam stream that has sent no frame by then is cancelled (--first_frame_ms).
+  std::chrono::milliseconds first_frame_deadline{2000};
+  // Seam streams without a valid ticket yet, in all and from one peer address
+  // (--max_stranger_streams, --max_stranger_streams_per_peer): past either, a new stream is
+  // refused RESOURCE_EXHAUSTED before anything is read from it, so that streams that never send
+  // cannot take the threads Health and admitted sessions need.
+  int max_stranger_streams = 16;
+  int max_stranger_streams_per_peer = 8;
   // The longest a step may take on this hop when its frame gives no budget_ms (and the most a
   // budget may claim): past it the step is answered DEADLINE_EXCEEDED (--max_step_ms).
   std::chrono::milliseconds max_step{120000};
   // How long connecting to the next hop may take (--connect_timeout_ms), within the step's own
   // deadline; then the step fails UNAVAILABLE naming that hop.
   std::chrono::milliseconds connect_timeout{10000};
+  // The most CPU time one constrained draw may take on the last
+  // hop (--sampling_budget_ms; 0: no limit): past it the session's sampling ends
+  // RESOURCE_EXHAUSTED. The honest worst case measured is about 180 ms (a 256-value enum).
+  std::chrono::milliseconds sampling_budget{1000};
   int max_results_queues = 0;  // queues Results readers may open; 0: 2 * max_sessions
   // TakeWork answers only calls whose "x-meshnet-supervisor" metadata equals this token (the
   // node's, from $MESHNET_SUPERVISOR_TOKEN); empty refuses every caller.

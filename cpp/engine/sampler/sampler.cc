@@ -1,9 +1,12 @@
 #include "cpp/engine/sampler/sampler.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
 
+#include "cpp/engine/llama_log/llama_log.h"
 #include "llama.h"
 
 namespace meshnet::engine {
@@ -36,6 +39,16 @@ size_t ArgMax(const float* values, size_t n) {
   return i;
 }
 
+// The calling thread's CPU time: what a draw costs the node, whatever else the node is doing.
+std::chrono::nanoseconds ThreadCpuTime() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+}
+
+// The first line of what llama.cpp logged on this thread (it logs why a grammar was refused).
+std::string FirstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 }  // namespace
 
 Sampler::Sampler(const protocol::SamplingParams& params) : params_(params) {
@@ -58,8 +71,9 @@ Sampler::~Sampler() {
 }
 
 std::unique_ptr<Sampler> Sampler::Make(const protocol::SamplingParams& params, const llama_vocab* vocab,
-                                       std::string* error) {
+                                       std::string* error, std::chrono::nanoseconds draw_budget) {
   auto sampler = std::make_unique<Sampler>(params);
+  sampler->draw_budget_ = draw_budget;
   if (params.grammar.empty()) {
     if (!params.grammar_tokens.empty()) {
       *error = "grammar_tokens without a grammar";
@@ -76,10 +90,13 @@ std::unique_ptr<Sampler> Sampler::Make(const protocol::SamplingParams& params, c
     *error = "a grammar needs the model's vocabulary (this hop does not sample)";
     return nullptr;
   }
-  // llama.cpp's parser reports what it dislikes on its log and returns null.
+  // llama.cpp's parser reports what it dislikes on its log (one line, patch 0013) and returns null.
+  TakeLlamaError();
   sampler->grammar_ = llama_sampler_init_grammar(vocab, params.grammar.c_str(), "root");
   if (sampler->grammar_ == nullptr) {
-    *error = "the grammar does not parse as GBNF with a 'root' rule (or is left-recursive)";
+    const std::string why = FirstLine(TakeLlamaError());
+    *error = "the grammar does not parse as GBNF with a 'root' rule (or is left-recursive, or past a bound)" +
+             (why.empty() ? std::string() : ": " + why);
     return nullptr;
   }
   const int32_t n_vocab = llama_vocab_n_tokens(vocab);
@@ -106,17 +123,30 @@ bool Sampler::Allows(uint32_t token, float logit) const {
 bool Sampler::Advance(uint32_t token) {
   // llama.cpp aborts the process on an end-of-generation token the grammar does not allow, and
   // throws on other tokens it does not: check first (a replay's tokens come from the network).
-  if (!Allows(token, 0.0f)) {
-    error_ = "token " + std::to_string(token) + " does not continue the grammar";
-    return false;
-  }
+  // Either step throws past a grammar bound.
   try {
+    if (!Allows(token, 0.0f)) {
+      error_ = "token " + std::to_string(token) + " does not continue the grammar";
+      return false;
+    }
     llama_sampler_accept(grammar_, static_cast<llama_token>(token));
     return true;
   } catch (const std::exception& e) {
     error_ = std::string("token ") + std::to_string(token) + " does not continue the grammar: " + e.what();
     return false;
   }
+}
+
+bool Sampler::WithinBudget(std::chrono::nanoseconds started, const char* what) {
+  const std::chrono::nanoseconds spent = ThreadCpuTime() - started;
+  if (draw_budget_.count() <= 0 || spent <= draw_budget_) return true;
+  over_budget_ = true;
+  error_ = std::string(what) + " took " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(spent).count()) +
+           " ms of CPU, more than this node's sampling budget of " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(draw_budget_).count()) +
+           " ms a token";
+  return false;
 }
 
 uint32_t Sampler::ChooseAllowed(const float* logits, size_t n_vocab) {
@@ -171,18 +201,31 @@ protocol::SampledToken Sampler::Sample(const std::vector<float>& logits, uint64_
   return Describe(logits.data(), logits.size(), token, position);
 }
 
+uint32_t Sampler::ChooseUnderGrammar(const float* logits, size_t n_vocab) {
+  uint32_t token = kNoToken;
+  try {  // masking throws past a grammar bound (patch 0013)
+    token = ChooseAllowed(logits, n_vocab);
+  } catch (const std::exception& e) {
+    error_ = e.what();
+    return kNoToken;
+  }
+  if (token == kNoToken) return kNoToken;
+  try {  // allowed by the grammar just now: accepting it fails only past a bound, or for a bug
+    llama_sampler_accept(grammar_, static_cast<llama_token>(token));
+  } catch (const std::exception& e) {
+    error_ = std::string("accepting token ") + std::to_string(token) + ": " + e.what();
+    return kNoToken;
+  }
+  return token;
+}
+
 uint32_t Sampler::Choose(const float* logits, size_t n_vocab) {
   if (grammar_ != nullptr) {
     if (!error_.empty()) return kNoToken;
-    const uint32_t token = ChooseAllowed(logits, n_vocab);
+    const std::chrono::nanoseconds started = ThreadCpuTime();
+    const uint32_t token = ChooseUnderGrammar(logits, n_vocab);
     if (token == kNoToken) return kNoToken;
-    try {  // allowed by the grammar just now: accepting it cannot fail but for a bug in it
-      llama_sampler_accept(grammar_, static_cast<llama_token>(token));
-    } catch (const std::exception& e) {
-      error_ = std::string("the grammar refused the token it allowed: ") + e.what();
-      return kNoToken;
-    }
-    return token;
+    return WithinBudget(started, "a constrained draw") ? token : kNoToken;
   }
   if (params_.temperature <= 0) {
     return static_cast<uint32_t>(ArgMax(logits, n_vocab));

@@ -8,11 +8,17 @@
 // and when the grammar refuses that token, again from the row the grammar masked. Each drawn
 // token advances the grammar.
 //
+// Grammars come from the network (issue 55): llama.cpp's grammar (patch 0013) refuses one nested,
+// expanded or ambiguous past its process-wide bounds, and a constrained draw that takes more than
+// the sampler's CPU budget ends the session's sampling (over_budget()): the time is the sampling
+// thread's own CPU time, so a busy node does not charge its load to the grammar.
+//
 // Lives in the engine package so that only cpp/engine calls llama.cpp. Not thread-safe: one
 // owner (the session's step, serialized by the worker's per-session lock) calls Sample.
 #ifndef MESHNET_CPP_ENGINE_SAMPLER_SAMPLER_H_
 #define MESHNET_CPP_ENGINE_SAMPLER_SAMPLER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -36,8 +42,12 @@ class Sampler {
   // With params.grammar (when not empty) over `vocab`, and params.grammar_tokens fed to it; nullptr
   // with `*error` set when the grammar is too large, does not parse, has no "root" rule, or
   // refuses one of those tokens.
+  // `draw_budget`: the most CPU time one constrained draw may take (zero: no limit). Feeding
+  // grammar_tokens is not timed: each token is bounded by the grammar's stack bound, and there are
+  // at most a session's KV positions of them, once an epoch.
   static std::unique_ptr<Sampler> Make(const protocol::SamplingParams& params, const llama_vocab* vocab,
-                                       std::string* error);
+                                       std::string* error,
+                                       std::chrono::nanoseconds draw_budget = std::chrono::nanoseconds(0));
   ~Sampler();
   Sampler(const Sampler&) = delete;
   Sampler& operator=(const Sampler&) = delete;
@@ -49,10 +59,12 @@ class Sampler {
   protocol::SampledToken Sample(const std::vector<float>& logits, uint64_t position);
   // The draw alone (what advances a seeded chain and the grammar): greedy is the first largest
   // logit, as llama.cpp's greedy sampler picks it. `logits` points at n_vocab floats. kNoToken
-  // when the grammar allows no token (error() says why); the sampler is then spent.
+  // when the grammar allows no token, passes a bound, or the draw took more than the budget
+  // (error() says why; over_budget() tells the last apart); the sampler is then spent.
   uint32_t Choose(const float* logits, size_t n_vocab);
   bool constrained() const { return grammar_ != nullptr; }
   const std::string& error() const { return error_; }
+  bool over_budget() const { return over_budget_; }
   // The chosen token with its logprob and the params' top alternatives: no draw, so a caller
   // on a hot path may send the token on first and describe it after.
   protocol::SampledToken Describe(const float* logits, size_t n_vocab, uint32_t token,
@@ -60,6 +72,8 @@ class Sampler {
 
  private:
   uint32_t ChooseAllowed(const float* logits, size_t n_vocab);
+  uint32_t ChooseUnderGrammar(const float* logits, size_t n_vocab);
+  bool WithinBudget(std::chrono::nanoseconds started, const char* what);
   bool Allows(uint32_t token, float logit) const;  // the grammar's mask for one token
   bool Advance(uint32_t token);  // a replayed token: checked, then accepted; false with error_ set
 
@@ -67,6 +81,8 @@ class Sampler {
   llama_sampler* chain_ = nullptr;
   llama_sampler* grammar_ = nullptr;
   std::string error_;
+  std::chrono::nanoseconds draw_budget_{0};
+  bool over_budget_ = false;
 };
 
 }  // namespace meshnet::engine

@@ -4,13 +4,16 @@
 // cannot be used is refused with a reason.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cpp/engine/llama_log/llama_log.h"
 #include "cpp/engine/sampler/sampler.h"
 #include "llama.h"
 
@@ -190,6 +193,120 @@ TEST_F(SamplerGrammarTest, ASpentGrammarAllowsNothingAndSaysSo) {
   EXPECT_EQ(sampler->Choose(logits.data(), n_vocab()), kNoToken);
   EXPECT_NE(sampler->error().find("allows no token"), std::string::npos) << sampler->error();
   EXPECT_EQ(sampler->Choose(logits.data(), n_vocab()), kNoToken);  // spent
+}
+
+// Issue 55: grammars written to hurt the node. Each is refused with its reason before it costs
+// more than a bound (patch 0013), and the refusal is logged in one short line.
+std::string Nested(size_t depth) {
+  return "root ::= " + std::string(depth, '(') + "\"x\"" + std::string(depth, ')');
+}
+
+// Sixty-four alternatives that each open an array of the same value: every '[' multiplies the
+// parse stacks by 64 (the finding: the second token's step never returned).
+std::string AmbiguousArrays() {
+  std::string grammar = "root ::= v\nv ::= ";
+  for (int i = 0; i < 64; ++i) grammar += (i ? " | a" : "a") + std::to_string(i);
+  grammar += "\n";
+  for (int i = 0; i < 64; ++i) grammar += "a" + std::to_string(i) + " ::= \"[\" v? \"]\"\n";
+  return grammar;
+}
+
+TEST_F(SamplerGrammarTest, HostileGrammarsAreRefusedWithTheirBound) {
+  InstallLlamaLog();
+  struct Case {
+    std::string grammar;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {Nested(17500), "nested deeper than 1024 levels"},  // 35 KB: overflowed the stack
+      {Nested(1024), "nested deeper than 1024 levels"},  // a rule and 1024 groups
+      {"root ::= \"" + std::string(32000, 'a') + "\"{2000}", "repetitions expand past"},  // 2 GB before
+      {"root ::= \"" + std::string(600, 'a') + "\"{1,2000}", "repetitions expand past"},
+      {"root ::= [" + std::string(kMaxGrammarBytes - 16, 'a'), "unexpected end of input"},
+  };
+  for (const Case& c : cases) {
+    std::string error;
+    TakeLlamaError();
+    EXPECT_EQ(Sampler::Make(Constrained(c.grammar.c_str()), vocab(), &error), nullptr) << c.want;
+    EXPECT_NE(error.find(c.want), std::string::npos) << error.substr(0, 400);
+    EXPECT_LT(error.size(), 400u);
+    // What llama.cpp logged for it (to stderr as well): short lines, never the grammar's text.
+    const std::string logged = TakeLlamaError();
+    EXPECT_LT(logged.size(), 400u) << logged.substr(0, 400);
+  }
+  // Just inside the bounds: accepted.
+  std::string error;
+  EXPECT_NE(Sampler::Make(Constrained(Nested(1023).c_str()), vocab(), &error), nullptr) << error;
+  EXPECT_NE(Sampler::Make(Constrained(("root ::= \"" + std::string(400, 'a') + "\"{2000}").c_str()), vocab(), &error),
+            nullptr) << error;
+}
+
+TEST_F(SamplerGrammarTest, ALongChainOfRulesIsParsedWithoutExhaustingTheStack) {
+  // llama.cpp's left-recursion check recurses once per rule of a chain: with three-character
+  // names, 256 KiB holds about 21,800 rules ("r00 ::= r01", then "y").
+  const auto name = [](int i) {
+    const char* digits = "abcdefghijklmnopqrstuvwxyz0123456789";
+    return std::string{digits[(i / 1296) % 26], digits[(i / 36) % 36], digits[i % 36]};
+  };
+  std::string grammar = "root ::= " + name(0) + "\n";
+  int n = 0;
+  while (grammar.size() + 24 < kMaxGrammarBytes) {
+    grammar += name(n) + " ::= " + name(n + 1) + "\n";
+    ++n;
+  }
+  grammar += name(n) + " ::= \"y\"\n";
+  std::string error;
+  std::thread([&] {  // on a thread with the default stack, as the worker's gRPC threads
+    auto sampler = Sampler::Make(Constrained(grammar.c_str()), vocab(), &error);
+    ASSERT_NE(sampler, nullptr) << error.substr(0, 400);
+    std::vector<float> logits(n_vocab(), 0.0f);
+    const uint32_t first = sampler->Choose(logits.data(), n_vocab());
+    ASSERT_NE(first, kNoToken) << sampler->error();
+    EXPECT_EQ(Piece(first).substr(0, 1), "y");
+  }).join();
+  EXPECT_GT(n, 21000);
+}
+
+TEST_F(SamplerGrammarTest, AGrammarPastTheStackBoundEndsItsSamplingAtOnce) {
+  InstallLlamaLog();
+  const std::string grammar = AmbiguousArrays();
+  std::string error;
+  auto sampler = Sampler::Make(Constrained(grammar.c_str()), vocab(), &error);
+  ASSERT_NE(sampler, nullptr) << error;
+  // Every token the grammar allows starts with '[': the first accepted one passes the bound.
+  std::vector<float> logits(n_vocab(), 0.0f);
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(sampler->Choose(logits.data(), n_vocab()), kNoToken);
+  EXPECT_NE(sampler->error().find("more than 1024 parse stacks"), std::string::npos) << sampler->error();
+  EXPECT_FALSE(sampler->over_budget());
+  EXPECT_EQ(sampler->Choose(logits.data(), n_vocab()), kNoToken);  // spent
+  // The same bound when the tokens come as a replay (a ticket holder's grammar_tokens).
+  llama_token bracket[4];
+  ASSERT_EQ(llama_tokenize(vocab(), "[", 1, bracket, 4, false, false), 1);
+  protocol::SamplingParams replay = Constrained(grammar.c_str());
+  replay.grammar_tokens = {static_cast<uint32_t>(bracket[0]), static_cast<uint32_t>(bracket[0])};
+  EXPECT_EQ(Sampler::Make(replay, vocab(), &error), nullptr);
+  EXPECT_NE(error.find("parse stacks"), std::string::npos) << error;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  // An honest grammar beside it is unharmed.
+  auto honest = Sampler::Make(Constrained(kObject), vocab(), &error);
+  ASSERT_NE(honest, nullptr) << error;
+  EXPECT_TRUE(std::regex_match(Text(Run(*honest, 7, 64)), kObjectText));
+}
+
+TEST_F(SamplerGrammarTest, ADrawOverItsCpuBudgetEndsTheSessionsSampling) {
+  std::string error;
+  auto sampler = Sampler::Make(Constrained(kObject), vocab(), &error, std::chrono::nanoseconds(1));
+  ASSERT_NE(sampler, nullptr) << error;
+  std::vector<float> logits(n_vocab(), 0.0f);
+  EXPECT_EQ(sampler->Choose(logits.data(), n_vocab()), kNoToken);
+  EXPECT_TRUE(sampler->over_budget());
+  EXPECT_NE(sampler->error().find("sampling budget"), std::string::npos) << sampler->error();
+  // A budget no honest draw comes near: the same grammar samples to its end.
+  auto roomy = Sampler::Make(Constrained(kObject), vocab(), &error, std::chrono::seconds(5));
+  ASSERT_NE(roomy, nullptr) << error;
+  EXPECT_TRUE(std::regex_match(Text(Run(*roomy, 3, 64)), kObjectText));
+  EXPECT_FALSE(roomy->over_budget());
 }
 
 }  // namespace
