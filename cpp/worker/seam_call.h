@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "cpp/protocol/seam.h"
 #include "cpp/worker/scheduler/deadline.h"
@@ -22,8 +24,8 @@ class SeamCall {
  public:
   using Stream =
       grpc::ServerReaderWriter<meshnet::shard::v1::SeamReply, meshnet::shard::v1::SeamFrame>;
-  SeamCall(uint64_t id, grpc::ServerContext* context, Stream* stream)
-      : id(id), context(context), opened(Clock::now()), stream_(stream) {}
+  SeamCall(uint64_t id, grpc::ServerContext* context, Stream* stream, std::string peer)
+      : id(id), context(context), opened(Clock::now()), peer(std::move(peer)), stream_(stream) {}
   void Write(const protocol::SeamReply& reply) {
     meshnet::shard::v1::SeamReply message;
     protocol::ToProto(reply, &message);
@@ -39,7 +41,9 @@ class SeamCall {
   const uint64_t id;
   grpc::ServerContext* const context;
   const Clock::time_point opened;
+  const std::string peer;  // the peer's host (strangers.h)
   std::atomic<bool> authenticated{false};  // presented a valid ticket
+  std::atomic<bool> spoke{false};          // sent a frame
   bool cancelled = false;
 
  private:

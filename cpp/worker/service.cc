@@ -58,6 +58,7 @@ ShardService::ShardService(Scheduler* scheduler, const ServiceOptions& options)
                                               : 2 * options.sessions.max_sessions,
                options.results_grace),
       commitments_(options.commitments),
+      strangers_(options.max_stranger_streams, options.max_stranger_streams_per_peer),
       hop_{scheduler, &options_, &table_, &results_,
            options.record_commitments ? &commitments_ : nullptr, &counters_} {
   reaper_ = std::thread([this] { Reap(); });
@@ -84,12 +85,15 @@ void ShardService::Reap() {
   auto period = std::max<Clock::duration>(
       std::chrono::milliseconds(10),
       std::min<Clock::duration>(
-          {std::chrono::seconds(1), options_.sessions.idle / 4, options_.ticket_deadline / 4}));
+          {std::chrono::seconds(1), options_.sessions.idle / 4, options_.ticket_deadline / 4,
+           options_.first_frame_deadline / 4}));
   std::unique_lock<std::mutex> lock(mu_);
   while (!reaper_wake_.wait_for(lock, period, [this] { return stopping_; })) {
     const Clock::time_point now = Clock::now();
-    for (auto& [id, call] : calls_) {  // no valid ticket in time: cut the stream
-      if (!call->authenticated && !call->cancelled && now - call->opened > options_.ticket_deadline) {
+    for (auto& [id, call] : calls_) {  // no frame, or no valid ticket, in time: cut the stream
+      const Clock::duration age = now - call->opened;
+      const bool silent = !call->spoke && age > options_.first_frame_deadline;
+      if (!call->authenticated && !call->cancelled && (silent || age > options_.ticket_deadline)) {
         call->cancelled = true;
         call->context->TryCancel();
       }
@@ -103,6 +107,10 @@ void ShardService::Reap() {
     }
     lock.lock();
   }
+}
+
+void ShardService::Authenticated(SeamCall& call) {
+  if (!call.authenticated.exchange(true)) strangers_.Leave(call.peer);
 }
 
 grpc::Status ShardService::Hello(grpc::ServerContext*, const pb::HelloRequest* request,
@@ -231,7 +239,12 @@ grpc::Status ShardService::Results(grpc::ServerContext* context,
 
 grpc::Status ShardService::Seam(grpc::ServerContext* context,
                                 grpc::ServerReaderWriter<pb::SeamReply, pb::SeamFrame>* rw) {
-  auto call = std::make_shared<SeamCall>(next_call_id_.fetch_add(1), context, rw);
+  std::string why;
+  const std::string peer = PeerHost(context->peer());
+  if (!strangers_.Admit(peer, &why)) {  // refused before a frame is read: the thread goes back
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, why + "; retry later");
+  }
+  auto call = std::make_shared<SeamCall>(next_call_id_.fetch_add(1), context, rw, peer);
   {
     std::lock_guard<std::mutex> lock(mu_);
     calls_[call->id] = call;
@@ -239,6 +252,7 @@ grpc::Status ShardService::Seam(grpc::ServerContext* context,
   std::set<SessionKey> owned;
   pb::SeamFrame message;
   while (rw->Read(&message)) {
+    call->spoke = true;
     seam_frames_in_.fetch_add(1);
     seam_bytes_in_.fetch_add(message.ByteSizeLong());
     std::optional<protocol::SeamReply> reply = Handle(message, call, &owned);
@@ -254,6 +268,7 @@ grpc::Status ShardService::Seam(grpc::ServerContext* context,
         MakeError(Code::kUnavailable, "upstream of " + options_.node_id + " lost", true));
   }
   call->Close();
+  if (!call->authenticated) strangers_.Leave(peer);
   std::lock_guard<std::mutex> lock(mu_);
   calls_.erase(call->id);
   return grpc::Status::OK;
@@ -283,7 +298,7 @@ std::optional<protocol::SeamReply> ShardService::Handle(const pb::SeamFrame& mes
   if (!bound) {
     Status admitted = CheckTicket(frame.ticket, *frame.session, identity_, now_ms, &ticket);
     if (!admitted.ok()) return hop_.Reply(frame, admitted);
-    call->authenticated = true;
+    Authenticated(*call);
     if (holder.has_value()) {
       return hop_.Reply(frame, MakeError(Code::kPermissionDenied,
                                     "session is bound to another stream"));
@@ -372,7 +387,7 @@ std::optional<protocol::SeamReply> ShardService::AdmitRing(const protocol::SeamF
     Status admitted = CheckTicket(frame.ticket, *frame.session, identity_, NowUnixMs(), &ticket);
     if (!admitted.ok()) return hop_.Reply(frame, admitted);
     first->ring_stream = call->id;
-    call->authenticated = true;
+    Authenticated(*call);
   }
   if (frame.range.has_value()) {
     Status range = CheckEffectiveStart(*frame.range, identity_);

@@ -11,7 +11,9 @@
 // hands its output on. Release, cancel, fencing, upstream stream loss and idle timeout all end
 // a session: its KV is dropped on the engine thread, a release/cancel travels on, and its
 // Results stream closes. A Seam stream that presents no valid ticket within `ticket_deadline`
-// is cancelled.
+// is cancelled, and one that sends no frame within `first_frame_deadline`; streams without a
+// valid ticket yet are capped per peer and in all (strangers.h), past which a new stream is
+// refused before it is read.
 //
 // Ring decode (docs/adr/0005-ring-decode.md): the last hop sends each next DECODE step to the
 // first hop itself (LastHop); the first hop admits those steps on that second stream (the ring
@@ -51,6 +53,7 @@
 #include "cpp/worker/sessions/results.h"
 #include "cpp/worker/scheduler/scheduler.h"
 #include "cpp/worker/sessions/sessions.h"
+#include "cpp/worker/strangers.h"
 #include "meshnet/shard/v1/shard.grpc.pb.h"
 
 namespace meshnet::worker {
@@ -109,6 +112,7 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
            const protocol::SeamFrame* forward = nullptr, bool close_results = true);
   std::shared_ptr<HopSession> Find(const SessionKey& key);
   void Reap();
+  void Authenticated(SeamCall& call);  // the call presented a valid ticket (its thread only)
 
   Scheduler* const scheduler_;
   const ServiceOptions options_;
@@ -116,6 +120,7 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   SessionTable table_;
   ResultsBoard results_;
   CommitmentLog commitments_;
+  StrangerStreams strangers_;
   HopCounters counters_;
   const HopContext hop_;  // the above, as sessions see them
   std::atomic<uint64_t> seam_frames_in_{0};  // Health counters

@@ -235,6 +235,32 @@ def six_hundred_streams(chain, honest):
     attacker.close()
 
 
+def silent_streams_from_two_connections(chain, honest):
+    """Issue 55, finding 5: 40 streams over 2 connections that never send a frame took the native
+    worker's whole thread quota; Health answered RESOURCE_EXHAUSTED and the node's hang detection
+    killed its own worker. Now the worker refuses the streams past its caps on streams without a
+    ticket (12 from one peer of 16 in all, for 64 threads) at once, RESOURCE_EXHAUSTED, and cuts
+    the rest at its first-frame deadline (2 s); Health is answered throughout."""
+    if chain.a.backend != "gguf":
+        pytest.skip("the caps on streams without a ticket and the first-frame deadline are the native worker's")
+    hop = chain.a
+    connections = [tls.pinned_channel(hop.address, hop.cert) for _ in range(2)]
+    started = time.monotonic()
+    streams = [Stream(connections[i % 2]) for i in range(40)]
+    while any(s.error is None for s in streams) and time.monotonic() - started < 10:
+        assert hop.health().status.code == StatusCode.OK  # over the harness's own connection
+        time.sleep(0.2)
+    ended = time.monotonic() - started
+    codes = [s.error.code() if s.error is not None else None for s in streams]
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 28, codes
+    assert codes.count(grpc.StatusCode.CANCELLED) == 12, codes
+    assert ended < 5.0, ended  # the 2 s deadline, and the reaper's period
+    for s in streams:
+        s.close()
+    for c in connections:
+        c.close()
+
+
 def downstream_from_the_ticket_only(chain, honest):
     """Seam minor 1 (ADR 0021): a hop dials the node its ticket names. A sender naming another
     address (a 1.0 entry) does not redirect it: the step runs through B and the trap sees no
@@ -276,7 +302,8 @@ def plaintext_connection(chain, honest):
 CASES = [no_ticket, forged_signature, ticket_for_another_session, ticket_for_another_node, ticket_for_another_epoch,
          ticket_for_another_range, expired_ticket, second_results_reader, foreign_release_and_cancel, maximum_epoch,
          newer_epoch_fences_the_older, ten_thousand_session_ids, announced_256_mib, compression_bomb,
-         six_hundred_streams, downstream_from_the_ticket_only, nan_activations, plaintext_connection]
+         six_hundred_streams, silent_streams_from_two_connections, downstream_from_the_ticket_only, nan_activations,
+         plaintext_connection]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
