@@ -9,7 +9,7 @@ One table, two fences, both in the build:
   where the runfiles happen to hold that module.
 
 Names in the lists: rooms (packages under python/meshnet/), the shared modules of
-python/meshnet/ (process, memory_cap, http_bounds, webserver), and generated protobuf packages
+python/meshnet/ (process, memory_cap, http_bounds, peers, webserver), and generated protobuf packages
 (`shard.v1`: only the protocol room, which converts them to native types, may import those).
 `test_imports` adds what a room's tests (not its library) may depend on.
 
@@ -30,14 +30,14 @@ ROOMS = {
         test_imports = ["client", "node", "swarm", "tracker", "verify"],
     ),
     "identity": struct(imports = _BASE + ["protocol", "wire"], test_imports = []),
-    "relay": struct(imports = _BASE + ["identity", "relay.v1"], test_imports = ["protocol"]),
+    "relay": struct(imports = _BASE + ["identity", "peers", "relay.v1"], test_imports = ["protocol"]),
     "client": struct(imports = _BASE + ["identity", "protocol", "wire"], test_imports = []),
     "reference": struct(
         imports = _BASE + ["identity", "protocol", "recipe", "wire"],
         test_imports = [],
     ),
     "tracker": struct(
-        imports = _BASE + ["identity", "protocol", "recipe", "relay", "webserver", "wire", "tracker.v1"],
+        imports = _BASE + ["identity", "peers", "protocol", "recipe", "relay", "webserver", "wire", "tracker.v1"],
         test_imports = [],
     ),
     "node": struct(

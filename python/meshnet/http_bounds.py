@@ -8,8 +8,11 @@ answer 503 to everyone for as long as they are held. Here, instead:
 - a connection must deliver a complete request (head and body) within `request_timeout` of
   being opened, or of the end of its previous response; it is closed otherwise, whatever it
   trickles meanwhile (uvicorn's keep-alive timer restarts on every byte);
-- at most `max_per_peer` connections from one IP address and `max_connections` in all: more are
-  closed as soon as they are accepted, before anything is read;
+- at most `max_per_peer` connections from one IP address, `max_per_prefix` from one network
+  prefix (/24, /64: peers.py) and `max_connections` in all: more are closed as soon as they are
+  accepted, before anything is read; but a prefix holding fewer than `reserved_per_prefix` may
+  still connect past `max_connections`, up to `overflow` more in all, so that peers with many
+  prefixes cannot shut out one they do not hold (issue 55, finding 10: 13 addresses did);
 - only requests being handled count against the overload limit (`max_in_flight`, 503 past it,
   with Retry-After), never connections that wait.
 
@@ -29,18 +32,24 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from meshnet.peers import peer_prefix
+
 
 @dataclasses.dataclass(frozen=True)
 class HttpBounds:
     request_timeout: float = 10.0  # seconds to a complete request, from connect or the last response
     max_connections: int = 512  # open connections from all peers (keep it under the fd limit)
     max_per_peer: int = 32  # open connections from one IP address
+    max_per_prefix: int = 128  # open connections from one /24 (IPv4) or /64 (IPv6)
+    reserved_per_prefix: int = 4  # connections a prefix may open even when max_connections are open
+    overflow: int = 64  # how many more than max_connections the reserved shares may open in all
     max_in_flight: int = 64  # requests being handled; more are answered 503
     max_head_bytes: int = 16 << 10  # h11's bound on an incomplete request head
 
     def __post_init__(self) -> None:
-        if self.request_timeout <= 0 or min(self.max_connections, self.max_per_peer, self.max_in_flight,
-                                            self.max_head_bytes) < 1:
+        if self.request_timeout <= 0 or min(self.max_connections, self.max_per_peer, self.max_per_prefix,
+                                            self.max_in_flight, self.max_head_bytes) < 1 \
+                or min(self.reserved_per_prefix, self.overflow) < 0:
             raise ValueError(f"HTTP bounds must be positive: {self}")
 
 
@@ -50,8 +59,10 @@ class ConnectionCounts:
 
     open: int = 0
     per_peer: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    per_prefix: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     refused_peer: int = 0  # closed at accept: the peer was at max_per_peer
-    refused_total: int = 0  # closed at accept: the server was at max_connections
+    refused_prefix: int = 0  # closed at accept: the peer's prefix was at max_per_prefix
+    refused_total: int = 0  # closed at accept: the server was full, past the prefix's reserved share
     timed_out: int = 0  # closed for not completing a request in time
 
 
@@ -67,12 +78,19 @@ def bounded_protocol(bounds: HttpBounds, counts: Optional[ConnectionCounts] = No
             super().connection_made(transport)
             self._deadline: Optional[asyncio.TimerHandle] = None
             self._peer = self.client[0] if self.client else ""
+            self._prefix = peer_prefix(self._peer)
             shared.open += 1
             shared.per_peer[self._peer] += 1
+            shared.per_prefix[self._prefix] += 1
+            full = shared.open > bounds.max_connections
             if shared.per_peer[self._peer] > bounds.max_per_peer:
                 shared.refused_peer += 1
                 transport.abort()
-            elif shared.open > bounds.max_connections:
+            elif shared.per_prefix[self._prefix] > bounds.max_per_prefix:
+                shared.refused_prefix += 1
+                transport.abort()
+            elif full and (shared.per_prefix[self._prefix] > bounds.reserved_per_prefix
+                           or shared.open > bounds.max_connections + bounds.overflow):
                 shared.refused_total += 1
                 transport.abort()
             else:
@@ -81,9 +99,10 @@ def bounded_protocol(bounds: HttpBounds, counts: Optional[ConnectionCounts] = No
         def connection_lost(self, exc: Optional[Exception]) -> None:
             self._disarm()
             shared.open -= 1
-            shared.per_peer[self._peer] -= 1
-            if shared.per_peer[self._peer] <= 0:
-                del shared.per_peer[self._peer]
+            for counter, key in ((shared.per_peer, self._peer), (shared.per_prefix, self._prefix)):
+                counter[key] -= 1
+                if counter[key] <= 0:
+                    del counter[key]
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:

@@ -60,7 +60,7 @@ def test_allowed_imports_pass_and_leave_the_stamp(tmp_path):
 
 def test_the_table_has_no_unknown_rooms_and_certify_never_reaches_the_bench():
     table = rooms_table()
-    shared = {"process", "memory_cap", "http_bounds", "webserver"}
+    shared = {"process", "memory_cap", "http_bounds", "peers", "webserver"}
     for room, rules in table.items():
         for name in list(rules.imports) + list(rules.test_imports):
             assert name in table or name in shared or name.endswith(".v1"), (room, name)

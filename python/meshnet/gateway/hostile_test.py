@@ -1,5 +1,6 @@
 """Issue 35's gateway findings under attack, each beside an honest client that is still served:
-idle connections (finding 1) and a key at its limit sending huge prompts (finding 5). A real
+idle connections (finding 1) and a key at its limit sending huge prompts (finding 5); and issue
+55's finding 10, silent connections from many addresses. A real
 uvicorn as main.py configures it, a test fake of the swarm and a counting fake tokenizer."""
 
 from __future__ import annotations
@@ -61,6 +62,37 @@ def test_idle_connections_do_not_deny_the_gateway():
                     pass
         finally:
             for s in idle:
+                s.close()
+
+
+def silent_connections(port: int, sources: list[str], each: int) -> list[socket.socket]:
+    """`each` connections from every source address that send nothing (refused ones included)."""
+    return [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+            for source in sources for _ in range(each)]
+
+
+@pytest.mark.parametrize("attackers", [
+    [f"127.0.0.{i}" for i in range(3, 16)],  # 13 addresses of one /24: the issue's attack
+    [f"127.0.{i}.1" for i in range(2, 15)],  # 13 addresses of 13 /24s: every connection the gateway takes
+], ids=["one_prefix", "thirteen_prefixes"])
+def test_many_addresses_do_not_deny_the_gateway(attackers):
+    """Issue 55, finding 10: 13 addresses holding their 64 silent connections each filled the
+    gateway's 768 and denied every honest request. Now one prefix holds at most max_per_prefix,
+    and when many prefixes fill the server a prefix they do not hold still gets its reserved
+    share: the honest client (127.0.1.1, another /24) is served while they are held."""
+    bounds = HttpBounds(request_timeout=3.0, max_connections=200, max_per_peer=20, max_per_prefix=60,
+                        max_in_flight=64)
+    gateway = Gateway([ServedModel("fake", FakeTokenizer())], FakeSwarmBackend(), None, GatewayConfig())
+    with running(gateway, bounds) as port:
+        held = silent_connections(port, attackers, bounds.max_per_peer)
+        try:
+            time.sleep(0.3)
+            for _ in range(3):
+                status, _, data = request(port, "POST", "/v1/completions", COMPLETION, key=None, source="127.0.1.1")
+                assert status == 200 and json.loads(data)["choices"][0]["text"] == "Hello, world!"
+            assert request(port, "GET", "/healthz", key=None, source="127.0.1.1")[0] == 200
+        finally:
+            for s in held:
                 s.close()
 
 

@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="open connections from all peers; more are closed at once (keep under the fd limit)")
     parser.add_argument("--max-connections-per-peer", type=int, default=64,
                         help="open connections from one IP address (raise it behind a reverse proxy)")
+    parser.add_argument("--max-connections-per-prefix", type=int, default=192,
+                        help="open connections from one /24 (IPv4) or /64 (IPv6) network (raise it behind a "
+                        "reverse proxy)")
     parser.add_argument("--request-timeout", type=float, default=10.0,
                         help="seconds a connection has to send a complete request (head and body)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--keys-file is required (or --no-auth for a private loopback gateway)")
     try:
         bounds = HttpBounds(request_timeout=args.request_timeout, max_connections=args.max_connections,
-                            max_per_peer=args.max_connections_per_peer, max_in_flight=args.max_in_flight,
+                            max_per_peer=args.max_connections_per_peer,
+                            max_per_prefix=args.max_connections_per_prefix, max_in_flight=args.max_in_flight,
                             max_head_bytes=MAX_REQUEST_HEAD_BYTES)
         keys = KeyRing.load(args.keys_file) if args.keys_file else None
         models = [ServedModel(name, GgufTokenizer.from_gguf(path)) for name, path in args.model]

@@ -31,7 +31,6 @@ import asyncio
 import collections
 import dataclasses
 import functools
-import ipaddress
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +40,7 @@ import grpc
 
 from meshnet.identity import requests
 from meshnet.identity import tls as tls_material
+from meshnet.peers import peer_prefix
 from meshnet.tracker.v1 import tracker_pb2_grpc
 
 SERVICE = "meshnet.tracker.v1.Tracker"
@@ -75,19 +75,6 @@ def peer_address(peer: str) -> str:
     if kind in ("ipv4", "ipv6"):
         return rest.rpartition(":")[0].strip("[]")
     return peer
-
-
-def peer_prefix(address: str) -> str:
-    """The network a peer address counts in: '1.2.3.4' -> '1.2.3.0/24', '2001:db8::1' ->
-    '2001:db8::/64' (an IPv4-mapped IPv6 address counts as its IPv4); anything else as it is."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    bits = 24 if ip.version == 4 else 64
-    return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
 
 
 class _Counts:

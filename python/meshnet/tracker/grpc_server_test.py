@@ -16,7 +16,7 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.requests import TOKEN_METADATA
 from meshnet.identity.roles import new_role_tokens
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.tracker.grpc_server import NODE_METHODS, SERVICE, Refused, ServerLimits, _Gate, peer_address, peer_prefix
+from meshnet.tracker.grpc_server import NODE_METHODS, SERVICE, Refused, ServerLimits, _Gate, peer_address
 from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import CertifiedModel, Registry
@@ -149,13 +149,6 @@ def test_peer_addresses():
     assert peer_address("ipv4:10.1.2.3:5678") == "10.1.2.3"
     assert peer_address("ipv6:[::1]:5678") == "::1"
     assert peer_address("unix:/tmp/sock") == "unix:/tmp/sock"
-
-
-def test_peer_prefixes():
-    assert peer_prefix("10.1.2.3") == "10.1.2.0/24"
-    assert peer_prefix("2001:db8:1:2:aaaa::1") == "2001:db8:1:2::/64"
-    assert peer_prefix("::ffff:10.1.2.3") == "10.1.2.0/24"
-    assert peer_prefix("unix:/tmp/sock") == "unix:/tmp/sock"
 
 
 def test_a_public_method_is_answered_without_waiting_for_its_message(tracker):
