@@ -11,7 +11,7 @@
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
 //   [--sampling_budget_ms=MS] [--first_frame_ms=MS] [--max_stranger_streams=N]
-//   [--max_stranger_streams_per_peer=N]
+//   [--max_stranger_streams_per_peer=N] [--handshake_timeout_ms=MS]
 //   [--parent_pid=PID] [--commitments=0|1] [--cheat=noise:F|garbage|forge_tokens|skip_layer]   (--cheat: tests only)
 // Route tickets are verified with the tracker's key (docs/adr/0003-identities-and-route-
 // tickets.md); the shard service is served over TLS with the given certificate, or plaintext
@@ -305,6 +305,14 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A connection must finish its TLS handshake this soon (gRPC's default is 120 s): one byte
+  // through a relay held a connection of the node's allocation for that long (issue 55, finding 11).
+  const int handshake_ms = IntFlag(flags, "handshake_timeout_ms", 5000);
+  if (handshake_ms <= 0) {
+    std::cerr << "worker: --handshake_timeout_ms must be positive\n";
+    return 2;
+  }
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, handshake_ms);
   grpc::ResourceQuota quota("meshnet-worker");
   quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);

@@ -242,6 +242,49 @@ def test_silent_connections_cannot_fill_an_allocation(shard, relay_tls):
         relay.stop()
 
 
+def one_byte_connections(address: str, sources: list[str], each: int) -> list[socket.socket]:
+    """`each` connections from every source address, each sending one byte of a TLS record: the
+    relay pipes them to the node, whose TLS handshake then waits for the rest."""
+    host, port = address.rsplit(":", 1)
+    held = []
+    for source in sources:
+        for _ in range(each):
+            s = socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0))
+            s.sendall(b"\x16")
+            held.append(s)
+    return held
+
+
+@pytest.mark.parametrize("sources", [
+    [f"127.0.2.{i}" for i in range(1, 9)],  # 8 addresses of one /24
+    [f"127.0.{i}.1" for i in range(2, 10)],  # 8 addresses of 8 /24s: the allocation's whole 64
+], ids=["one_prefix", "eight_prefixes"])
+def test_half_open_connections_from_many_addresses_cannot_fill_an_allocation(shard, relay_tls, sources):
+    """Issue 55, findings 11 and 18: one byte per connection got it piped at once, and the node's
+    half-open TLS handshake then held it (gRPC's default: 120 s); 8 addresses holding 8 such
+    connections each filled the allocation's 64 and cut the node off. Now a connection counts
+    against its address's and its prefix's caps until the node has answered it, unanswered ones
+    hold at most 32 of the allocation, and a prefix without one may always add one: the honest
+    peer (127.0.0.1) is served while they are held."""
+    relay = start_relay(relay_tls, max_connections_per_peer=8, max_connections_per_prefix=16, max_unanswered_per_node=32)
+    agent = start_agent(relay, relay_tls, shard)
+    held = []
+    try:
+        held = one_byte_connections(agent.address, sources, 8)
+        time.sleep(0.5)
+        for _ in range(3):
+            assert ping_through(agent.address, shard[1]) == "shard-behind-nat"
+        one_prefix = len({s.getsockname()[0].rsplit(".", 1)[0] for s in held}) == 1
+        admitted = 16 if one_prefix else 32 + 4  # 32, then one each for the 4 prefixes that had none
+        assert agent.pipes <= admitted + 3, (agent.pipes, admitted)  # the admitted, and the pings
+        assert relay.stats.refused >= 64 - admitted
+    finally:
+        for s in held:
+            s.close()
+        agent.stop()
+        relay.stop()
+
+
 def attach(stub, identity: Identity):
     """A raw Attach by `identity` (no agent: nothing re-attaches); its event stream."""
     request = relay_pb2.AttachRequest(node_id=identity.node_id)

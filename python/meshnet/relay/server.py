@@ -15,9 +15,14 @@ node role's token) the caller must also hold it. Bounds, checked before anything
 at most `max_nodes` allocations and `max_nodes_per_peer` attached from one address, an
 allocation closed unless its node registers at it with the tracker within `register_seconds`
 (when the relay can ask: `registered`), `max_connections_per_node` open connections per
-allocation and `max_connections_per_peer` not yet piped from one address (more are closed at once), a connection that
-sends nothing within `hello_seconds` is closed before the node hears of it, one the node does
-not pipe within `accept_seconds` is closed, and a Chunk is at most CHUNK_BYTES. A node that
+allocation, and connections the node has not answered yet (its first bytes back) at most
+`max_connections_per_peer` from one address and `max_connections_per_prefix` from one /24 or /64
+and `max_unanswered_per_node` in all, though a prefix with none may always add one (more are
+closed at once: issue 55, findings 11 and 18, one byte got a connection piped and then held by
+the node's half-open handshake, and 8 addresses filled an allocation; now they can hold at most
+part of it, and a prefix they do not hold still gets through). A connection that sends nothing within `hello_seconds` is closed
+before the node hears of it, one the node does not pipe within `accept_seconds` is closed, and a
+Chunk is at most CHUNK_BYTES. A node that
 attaches again (its agent reconnected, or it restarted) gets the port its last allocation had,
 when that port is still free, so the address it registered stays good (issue 35). The relay runs
 its own asyncio loop in a thread, so the tracker or a node can host it beside their synchronous
@@ -37,6 +42,7 @@ import grpc
 
 from meshnet.identity import keys
 from meshnet.identity.requests import RequestAuthError, bearer_token, verify_request
+from meshnet.peers import peer_prefix
 from meshnet.process import log
 from meshnet.relay.v1 import relay_pb2, relay_pb2_grpc
 
@@ -80,7 +86,9 @@ class RelayLimits:
     keepalive_ms: int = KEEPALIVE_MS  # the agents' ping interval, which the relay accepts
     accept_seconds: float = 10.0  # a connection the node has not piped by then is closed
     hello_seconds: float = 5.0  # a peer's first bytes (its TLS ClientHello) must come by then, or it is closed
-    max_connections_per_peer: int = 8  # connections from one IP address waiting to be piped (silent ones included)
+    max_connections_per_peer: int = 8  # connections from one IP address the node has not answered yet
+    max_connections_per_prefix: int = 16  # the same, from one /24 (IPv4) or /64 (IPv6)
+    max_unanswered_per_node: int = 32  # the same, to one allocation from everyone (a prefix with none may add one)
     max_nodes_per_peer: int = 4  # allocations held from one IP address (one host's nodes)
     register_seconds: float = 30.0  # with a registration check: an allocation no node registered by then is closed
 
@@ -100,7 +108,8 @@ class _Connection:
     """A peer's TCP connection to an allocation, waiting for (then joined to) the node's Pipe."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
-        self.reader, self.writer, self.peer = reader, writer, peer
+        self.reader, self.writer, self.peer, self.prefix = reader, writer, peer, peer_prefix(peer)
+        self.answered = False  # the node has sent its first bytes back
         self.first = b""  # the peer's first bytes, read before the node hears of the connection
         loop = asyncio.get_running_loop()
         self.claimed: asyncio.Future = loop.create_future()  # set when the node's Pipe takes it
@@ -328,6 +337,7 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
         async def from_node() -> None:
             while (chunk := await context.read()) is not grpc.aio.EOF:
                 self.stats.bytes_from_nodes += len(chunk.data)
+                conn.answered = True
                 conn.writer.write(chunk.data)
                 await conn.writer.drain()
 
@@ -339,18 +349,31 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)  # a reset peer ends the pipe, quietly
 
+    @staticmethod
+    def _refuses(allocation: _Allocation, peer: str) -> bool:
+        """Past the per-peer or per-prefix cap on connections the node has not answered (an honest
+        peer's are answered at once, so a gateway or hop with many streams to the node is not held
+        to it; silent and half-open ones are), past the per-node cap on unanswered connections
+        unless the peer's prefix has none, or past the per-node cap on open connections."""
+        limits, prefix = allocation.limits, peer_prefix(peer)
+        if len(allocation.open) >= limits.max_connections_per_node:
+            return True
+        unanswered = [c for c in allocation.open if not c.answered]
+        mine = sum(c.peer == peer for c in unanswered)
+        ours = sum(c.prefix == prefix for c in unanswered)
+        if mine >= limits.max_connections_per_peer or ours >= limits.max_connections_per_prefix:
+            return True
+        return ours > 0 and len(unanswered) >= limits.max_unanswered_per_node
+
     async def _on_connection(self, allocation: _Allocation, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
-        """A peer's connection to `allocation`: refused at once past the per-node cap, or past the
-        per-peer cap on connections not yet piped (an honest peer's connections are piped at once,
-        so a gateway or hop with many streams to the node is not held to it; silent ones are);
-        closed if it sends nothing within hello_seconds (issue 35, finding 8: silent connections
-        filled an allocation); then offered to the node, which must pipe it within accept_seconds."""
+        """A peer's connection to `allocation`: refused at once when `_refuses` says so; closed if
+        it sends nothing within hello_seconds (issue 35, finding 8: silent connections filled an
+        allocation); then offered to the node, which must pipe it within accept_seconds."""
         limits = allocation.limits
         address = writer.get_extra_info("peername")
         peer = address[0] if address else ""
-        waiting = sum(c.peer == peer and not c.claimed.done() for c in allocation.open)
-        if len(allocation.open) >= limits.max_connections_per_node or waiting >= limits.max_connections_per_peer:
+        if self._refuses(allocation, peer):
             self.stats.refused += 1
             writer.close()
             return
