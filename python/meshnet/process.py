@@ -103,6 +103,18 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
+def raise_file_limit() -> int:
+    """Raises this process's soft limit on open files to its hard limit, and returns it: a
+    server's caps on connections are only as good as the descriptors it has (systemd's default
+    soft limit is 1,024; issue 55, finding 4). Call once, at start."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free on `host` a moment ago (for servers that cannot report theirs)."""
     import socket

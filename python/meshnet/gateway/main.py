@@ -29,7 +29,7 @@ from meshnet.gateway.keys import KeyRing
 from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.http_bounds import HttpBounds, uvicorn_config
 from meshnet.identity.keys import Identity
-from meshnet.process import log, tracker_token, write_port_file
+from meshnet.process import log, raise_file_limit, tracker_token, write_port_file
 from meshnet.protocol.tracker_client import TrackerClient, tracker_addresses
 
 
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds a connection has to send a complete request (head and body)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     args = parser.parse_args(argv)
+    raise_file_limit()  # before anything listens
 
     token = tracker_token(parser, args.token_file, "MESHNET_GATEWAY_TOKEN", "gateway", args.tracker_ca, args.insecure)
     if args.keys_file is None and not args.no_auth:

@@ -67,6 +67,8 @@ class ServerLimits:
     max_waiting: int = 256  # calls waiting for their message, in all (node methods: as many again, apart)
     max_waiting_per_prefix: int = 64  # calls waiting for their message from one prefix (node methods apart)
     node_reserve: int = 256  # of max_calls, kept for node methods (other calls: max_calls - node_reserve)
+    handshake_timeout: float = 5.0  # seconds a connection has to finish its TLS handshake (gRPC's default: 120)
+    connection_idle: float = 300.0  # seconds a connection with no call in progress is kept (then GOAWAY)
 
 
 def peer_address(peer: str) -> str:
@@ -252,7 +254,9 @@ class TrackerServer:
 
     async def _start(self, listen: str, tls: Optional[tuple[bytes, bytes]], limits: ServerLimits) -> int:
         self._server = grpc.aio.server(interceptors=[self._gate], maximum_concurrent_rpcs=limits.max_calls,
-                                       options=[("grpc.max_concurrent_streams", limits.max_streams_per_connection)])
+                                       options=[("grpc.max_concurrent_streams", limits.max_streams_per_connection),
+                                                ("grpc.server_handshake_timeout_ms", int(limits.handshake_timeout * 1000)),
+                                                ("grpc.max_connection_idle_ms", int(limits.connection_idle * 1000))])
         tracker_pb2_grpc.add_TrackerServicer_to_server(self._servicer, self._server)
         port = tls_material.bind(self._server, listen, tls)
         await self._server.start()

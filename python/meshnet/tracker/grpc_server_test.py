@@ -6,12 +6,14 @@ them a node registers and heartbeats and a client asks for Coverage, and must be
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
 import grpc
 import pytest
 
+from meshnet.identity import certificates
 from meshnet.identity.keys import Identity
 from meshnet.identity.requests import TOKEN_METADATA
 from meshnet.identity.roles import new_role_tokens
@@ -250,3 +252,30 @@ def test_node_methods_keep_their_reserve_of_calls_in_progress():
         assert await asyncio.gather(*nodes) == ["served"] * 4
 
     asyncio.run(scenario())
+
+
+def test_a_connection_that_never_finishes_its_handshake_is_closed(tmp_path):
+    """Issue 55, finding 4 (in part): a peer's connections that start a TLS handshake and never
+    finish it were kept for gRPC's default 120 s; the tracker now closes them after
+    handshake_timeout, and serves a node beside them."""
+    limits = ServerLimits(handshake_timeout=1.0)
+    ledger = Ledger(tmp_path / "ledger.db")
+    tokens = new_role_tokens()
+    server, port = serve(Registry([MODEL], lease_seconds=30), ledger, "127.0.0.1:0", tokens, Identity.generate(),
+                         tls=certificates.self_signed("tracker", ["localhost"], ["127.0.0.1"]), limits=limits)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(32)]
+    try:
+        for s in held:
+            s.sendall(b"\x16")  # one byte of a ClientHello, then nothing
+        started = time.monotonic()
+        for s in held:
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert time.monotonic() - started < limits.handshake_timeout + 2.0
+    finally:
+        for s in held:
+            s.close()
+        server.stop(grace=0).wait()
+        ledger.close()

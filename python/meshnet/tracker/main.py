@@ -34,7 +34,7 @@ from pathlib import Path
 
 from meshnet.identity.keys import Identity
 from meshnet.identity.roles import ROLES
-from meshnet.process import log, stop_on_signals, write_port_file
+from meshnet.process import log, raise_file_limit, stop_on_signals, write_port_file
 from meshnet.relay.server import RelayServer
 from meshnet.tracker.audits import DEFAULT_QUORUM, DEFAULT_RATE, Audits
 from meshnet.tracker.ledger.ledger import Ledger
@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                         "--client-cert-auth (signed by a CA in etcd's --trusted-ca-file)")
     parser.add_argument("--etcd-key", type=Path, help="the private key of --etcd-cert")
     args = parser.parse_args(argv)
+    raise_file_limit()  # before anything listens
 
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")

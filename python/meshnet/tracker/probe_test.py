@@ -6,6 +6,8 @@ test fake answering Health (FakeShardHealth)."""
 
 from __future__ import annotations
 
+import os
+import resource
 import socket
 import time
 from concurrent import futures
@@ -17,7 +19,7 @@ from meshnet.identity.roles import new_role_tokens
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.shard.v1 import shard_pb2, shard_pb2_grpc
 from meshnet.tracker.ledger.ledger import Ledger
-from meshnet.tracker.probe import PROBE_TIMEOUT_S, health_fails
+from meshnet.tracker.probe import FD_HEADROOM, PROBE_TIMEOUT_S, health_fails, out_of_files
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import serve
 from meshnet.wire import tracker as tt
@@ -63,6 +65,34 @@ def test_the_probe_tells_a_serving_node_from_a_dead_or_hung_one():
         assert time.monotonic() - started < PROBE_TIMEOUT_S + 2.0
     finally:
         silent.close()
+
+
+def test_a_probe_that_fails_for_want_of_file_descriptors_is_not_evidence():
+    """Issue 55, finding 4: with the tracker's descriptors taken (by idle connections), its probe
+    of a node failed to open a socket and a healthy node was banned. A probe failing while this
+    process is out of files is not counted; with descriptors back, a dead node fails it again."""
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{dead.getsockname()[1]}"
+    dead.close()  # nothing listens there
+    node = node_info(Identity.generate(), address)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + FD_HEADROOM // 2, hard))
+        try:
+            while True:
+                held.append(open(os.devnull))
+        except OSError:
+            pass  # every descriptor taken
+        assert out_of_files()
+        assert not health_fails(node)
+    finally:
+        for f in held:
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not out_of_files()
+    assert health_fails(node)
 
 
 def test_a_client_cannot_ban_a_node_that_answers_the_trackers_probe(tmp_path):
