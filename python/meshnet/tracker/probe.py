@@ -24,7 +24,10 @@ FD_HEADROOM = 16  # descriptors a probe may need (socket, TLS, gRPC's own); fewe
 
 def health_fails(node: tt.NodeInfo, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """True unless `node` answers Health within `timeout` (unreachable, refused, hung, or any error),
-    except when this process was out of file descriptors: then nothing is known, and False."""
+    except when this process is (or was, when the probe failed) out of file descriptors: then
+    nothing is known, and False. Out of them, it does not dial at all."""
+    if out_of_files():  # nothing to learn, and gRPC aborts the process when a channel gets no descriptor
+        return False
     cert = node.tls_certificate.encode() if node.tls_certificate else None
     try:
         with ShardClient.dial(node.address, cert) as shard:

@@ -69,8 +69,10 @@ def test_the_probe_tells_a_serving_node_from_a_dead_or_hung_one():
 
 def test_a_probe_that_fails_for_want_of_file_descriptors_is_not_evidence():
     """Issue 55, finding 4: with the tracker's descriptors taken (by idle connections), its probe
-    of a node failed to open a socket and a healthy node was banned. A probe failing while this
-    process is out of files is not counted; with descriptors back, a dead node fails it again."""
+    of a node failed to open a socket and a healthy node was banned (and gRPC may abort the whole
+    process when a channel gets no descriptor: this test did so before the probe stopped dialling
+    out of files). Out of files, the probe does not dial and counts nothing; with descriptors
+    back, a dead node fails it again."""
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{dead.getsockname()[1]}"
