@@ -317,10 +317,6 @@ def serve(args: argparse.Namespace, tracker: TrackerClient, backend, via: Option
                 load = backend.load() if backend.alive() else None
                 unanswered = 0
             except grpc.RpcError as err:  # alive but not answering Health: hung (e.g. SIGSTOP)
-                if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # it answered: busy, not hung (issue 55)
-                    log("worker_busy", node=node_id, error=str(err.details()))
-                    unanswered = 0
-                    continue
                 unanswered += 1
                 log("worker_unresponsive", node=node_id, error=err.code().name, times=unanswered)
                 if unanswered < args.hang_probes:
