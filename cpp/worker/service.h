@@ -53,7 +53,7 @@
 #include "cpp/worker/sessions/results.h"
 #include "cpp/worker/scheduler/scheduler.h"
 #include "cpp/worker/sessions/sessions.h"
-#include "cpp/worker/strangers.h"
+#include "cpp/worker/strangers/strangers.h"
 #include "meshnet/shard/v1/shard.grpc.pb.h"
 
 namespace meshnet::worker {

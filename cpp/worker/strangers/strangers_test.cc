@@ -1,4 +1,4 @@
-#include "cpp/worker/strangers.h"
+#include "cpp/worker/strangers/strangers.h"
 
 #include <gtest/gtest.h>
 

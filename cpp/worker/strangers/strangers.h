@@ -6,8 +6,8 @@
 // Invariant: Admit is true at most `max_per_peer` times per peer and `max_total` times in all
 // without a matching Leave; every admitted stream is left exactly once, when it authenticates or
 // ends unauthenticated. Any thread.
-#ifndef MESHNET_CPP_WORKER_STRANGERS_H_
-#define MESHNET_CPP_WORKER_STRANGERS_H_
+#ifndef MESHNET_CPP_WORKER_STRANGERS_STRANGERS_H_
+#define MESHNET_CPP_WORKER_STRANGERS_STRANGERS_H_
 
 #include <map>
 #include <mutex>
@@ -41,4 +41,4 @@ std::string PeerHost(const std::string& peer);
 
 }  // namespace meshnet::worker
 
-#endif  // MESHNET_CPP_WORKER_STRANGERS_H_
+#endif  // MESHNET_CPP_WORKER_STRANGERS_STRANGERS_H_
