@@ -15,6 +15,7 @@
 #include "cpp/protocol/ticket.h"
 #include "cpp/wire/seam.h"
 #include "cpp/worker/commitments/commitment_log.h"
+#include "cpp/worker/draw_threads/draw_threads.h"
 #include "cpp/worker/scheduler/scheduler.h"
 #include "cpp/worker/seam_call.h"
 #include "cpp/worker/service_options.h"
@@ -57,6 +58,7 @@ struct HopContext {
   ResultsBoard* results = nullptr;
   CommitmentLog* commitments = nullptr;  // null: --commitments=0, nothing recorded
   HopCounters* counters = nullptr;
+  DrawThreads* draw_threads = nullptr;  // where constrained draws run (null: on the session's thread)
 
   // The reply to `frame`: `status` (an error names this hop), the credits a sender gets and,
   // when given, the positions this hop holds.

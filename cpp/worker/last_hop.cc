@@ -26,6 +26,15 @@ protocol::Status LastHop::Configure(const protocol::SeamFrame& frame) {
   return protocol::OkStatus();
 }
 
+uint32_t LastHop::Draw(const float* row, size_t n_vocab) {
+  engine::Sampler& chooser = sampler();
+  if (!chooser.constrained() || hop_.draw_threads == nullptr) return chooser.Choose(row, n_vocab);
+  uint32_t token = engine::kNoToken;
+  // Run returns once the draw is done: the references stay valid.
+  if (hop_.draw_threads->Run([&] { token = chooser.Choose(row, n_vocab); }, heavy_)) heavy_ = true;
+  return token;
+}
+
 Sampled LastHop::Accept(const protocol::SeamFrame& frame, const std::vector<float>& logits) {
   engine::Sampler& chooser = sampler();
   const protocol::SamplingParams& params = chooser.params();
@@ -38,7 +47,7 @@ Sampled LastHop::Accept(const protocol::SeamFrame& frame, const std::vector<floa
   Sampled out;
   for (size_t r = 0; r < rows && out.finish == protocol::FinishReason::kUnspecified; ++r) {
     const uint64_t position = end - rows + r + 1;  // row r's logits give the token after it
-    const uint32_t token = chooser.Choose(logits.data() + r * n_vocab, n_vocab);
+    const uint32_t token = Draw(logits.data() + r * n_vocab, n_vocab);
     if (token == engine::kNoToken) {
       const std::string why = "constrained sampling at position " + std::to_string(position) + ": " + chooser.error();
       out.status = chooser.over_budget() ? protocol::MakeError(protocol::Code::kResourceExhausted, why)

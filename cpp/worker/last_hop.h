@@ -2,7 +2,10 @@
 // tokens (with speculation, row by row against the drafts, so that the tokens are those plain
 // decoding gives), committing to them for audits, publishing them to the session's Results, and
 // ring decode (docs/adr/0005-ring-decode.md): sending the next decode step to the route's first
-// hop over a stream opened on first use. Threading: called under the session's lock.
+// hop over a stream opened on first use. A session one of whose constrained draws cost more CPU
+// than --heavy_draw_ms draws at the lowest CPU priority from then on (draw_threads.h; issue 55,
+// finding 7).
+// Threading: called under the session's lock.
 #ifndef MESHNET_CPP_WORKER_LAST_HOP_H_
 #define MESHNET_CPP_WORKER_LAST_HOP_H_
 
@@ -60,12 +63,16 @@ class LastHop {
 
  private:
   engine::Sampler& sampler();
+  // One row's draw; a constrained one on the hop's draw threads, lowered from its start once
+  // one of the session's draws proved heavy.
+  uint32_t Draw(const float* row, size_t n_vocab);
 
   const HopContext& hop_;
   const std::optional<protocol::DownstreamHop> ring_hop_;
   std::unique_ptr<engine::Sampler> sampler_;
   std::unique_ptr<Downstream> ring_;  // to the first hop, once opened
   uint64_t generated_ = 0;            // tokens sampled so far
+  bool heavy_ = false;                // a draw cost more than --heavy_draw_ms: later ones start lowered
 };
 
 }  // namespace meshnet::worker

@@ -10,7 +10,7 @@
 //   [--f32_attention=0|1] [--f32_matmul_activations=0|1]
 //   [--compression=0|1] [--max_threads=N] [--max_concurrent_streams=N]
 //   [--ticket_deadline_ms=MS] [--max_step_ms=MS] [--connect_timeout_ms=MS] [--keepalive_ms=MS]
-//   [--sampling_budget_ms=MS] [--first_frame_ms=MS] [--max_stranger_streams=N]
+//   [--sampling_budget_ms=MS] [--heavy_draw_ms=MS] [--draw_threads=N] [--first_frame_ms=MS] [--max_stranger_streams=N]
 //   [--max_stranger_streams_per_peer=N] [--handshake_timeout_ms=MS]
 //   [--parent_pid=PID] [--commitments=0|1] [--cheat=noise:F|garbage|forge_tokens|skip_layer]   (--cheat: tests only)
 // Route tickets are verified with the tracker's key (docs/adr/0003-identities-and-route-
@@ -271,8 +271,12 @@ int main(int argc, char** argv) {
   // A constrained draw that takes more CPU than this ends its session's sampling (0: no limit).
   service_options.sampling_budget =
       std::chrono::milliseconds(IntFlag(flags, "sampling_budget_ms", 1000));
-  if (service_options.sampling_budget.count() < 0) {
-    std::cerr << "worker: --sampling_budget_ms must be 0 (no limit) or positive\n";
+  // A session whose constrained draw took more CPU than this draws at the lowest priority after.
+  service_options.heavy_draw = std::chrono::milliseconds(IntFlag(flags, "heavy_draw_ms", 20));
+  service_options.draw_threads = IntFlag(flags, "draw_threads", 4);
+  if (service_options.sampling_budget.count() < 0 || service_options.heavy_draw.count() < 0 ||
+      service_options.draw_threads < 0) {
+    std::cerr << "worker: --sampling_budget_ms, --heavy_draw_ms and --draw_threads must be 0 or positive\n";
     return 2;
   }
   if (service_options.max_step.count() <= 0 || service_options.connect_timeout.count() <= 0) {

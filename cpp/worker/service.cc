@@ -59,8 +59,9 @@ ShardService::ShardService(Scheduler* scheduler, const ServiceOptions& options)
                options.results_grace),
       commitments_(options.commitments),
       strangers_(options.max_stranger_streams, options.max_stranger_streams_per_peer),
+      draw_threads_(options.heavy_draw, options.draw_threads),
       hop_{scheduler, &options_, &table_, &results_,
-           options.record_commitments ? &commitments_ : nullptr, &counters_} {
+           options.record_commitments ? &commitments_ : nullptr, &counters_, &draw_threads_} {
   reaper_ = std::thread([this] { Reap(); });
 }
 

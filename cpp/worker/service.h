@@ -122,6 +122,7 @@ class ShardService final : public meshnet::shard::v1::Shard::Service {
   CommitmentLog commitments_;
   StrangerStreams strangers_;
   HopCounters counters_;
+  DrawThreads draw_threads_;
   const HopContext hop_;  // the above, as sessions see them
   std::atomic<uint64_t> seam_frames_in_{0};  // Health counters
   std::atomic<uint64_t> seam_bytes_in_{0};

@@ -49,6 +49,12 @@ struct ServiceOptions {
   // hop (--sampling_budget_ms; 0: no limit): past it the session's sampling ends
   // RESOURCE_EXHAUSTED. The honest worst case measured is about 180 ms (a 256-value enum).
   std::chrono::milliseconds sampling_budget{1000};
+  // Constrained draws run on draw threads (cpp/worker/draw_threads): a draw that has used this
+  // much CPU (--heavy_draw_ms; 0: every draw) goes on at the lowest CPU priority, and so do the
+  // session's later draws from their start, so that such a grammar costs its neighbours only CPU
+  // they leave unused (issue 55, finding 7). --draw_threads idle threads are kept.
+  std::chrono::milliseconds heavy_draw{20};
+  int draw_threads = 4;
   int max_results_queues = 0;  // queues Results readers may open; 0: 2 * max_sessions
   // TakeWork answers only calls whose "x-meshnet-supervisor" metadata equals this token (the
   // node's, from $MESHNET_SUPERVISOR_TOKEN); empty refuses every caller.

@@ -10,11 +10,14 @@ workers, TLS, tickets), while an honest client generates beside them.
 
 Each is now refused INVALID_ARGUMENT naming its bound (patch 0013), no worker crashes or restarts,
 the log grows by a short line per refusal, no thread stays busy once the attacks stop, and the
-honest client's tokens equal its tokens alone.
+honest client's tokens equal its tokens alone. And a 6 KB grammar within every such bound whose
+masking takes time exponential in a token's length (more than a minute a draw before) ends its
+session RESOURCE_EXHAUSTED at the last hop's sampling budget (patch 0014), as quickly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -42,6 +45,13 @@ def ambiguous_arrays() -> str:
     """64 alternatives that each open an array of the same value: each '[' multiplies the stacks by 64."""
     names = [f"a{i}" for i in range(64)]
     return "root ::= v\nv ::= " + " | ".join(names) + "\n" + "".join(f'{n} ::= "[" v? "]"\n' for n in names)
+
+
+def exponential_masking(alternatives: int = 300) -> str:
+    """One-character alternatives, repeated: every stack retries what the others rejected, at every
+    character of a token."""
+    names = [f"a{i}" for i in range(alternatives)]
+    return "root ::= (" + " | ".join(names) + ")*\n" + "".join(f"{n} ::= [ -~]\n" for n in names)
 
 
 ATTACKS = {
@@ -80,23 +90,49 @@ def attack(tracker, swarm, grammar: str) -> MeshnetError:
     return refused.value
 
 
+HONEST = GenerationParams(max_tokens=24)
+
+
+@contextlib.contextmanager
+def honest_beside(tracker, swarm):
+    """An honest client generating over and over while the block runs; yields its runs and its
+    tokens alone (asserted equal to every run afterwards)."""
+    solo = list(RouteClient(tracker, swarm.model).generate(PROMPT, HONEST))
+    assert len(solo) == 24
+    honest: list[list[int]] = []
+    stop = threading.Event()
+
+    def generate_honestly() -> None:
+        while not stop.is_set():
+            honest.append(list(RouteClient(tracker, swarm.model).generate(PROMPT, HONEST)))
+
+    beside = threading.Thread(target=generate_honestly)
+    beside.start()
+    try:
+        yield honest
+    finally:
+        stop.set()
+        beside.join(timeout=120)
+    assert honest and all(run == solo for run in honest), (len(honest), honest[:2])
+
+
+def assert_idle_and_unharmed(tracker, swarm, before: dict[str, psutil.Process]) -> None:
+    """No worker crashed, none keeps a core busy once the attacks stop, and a client is served."""
+    after = workers(swarm)
+    assert {n: p.pid for n, p in after.items()} == {n: p.pid for n, p in before.items()}  # none crashed
+    cpu = {n: p.cpu_times() for n, p in after.items()}
+    time.sleep(2.0)
+    for n, p in after.items():
+        spent = sum(p.cpu_times()[:2]) - sum(cpu[n][:2])
+        assert spent < 0.3, (n, spent)
+    assert len(list(RouteClient(tracker, swarm.model).generate(PROMPT, HONEST))) == 24
+
+
 def test_hostile_grammars_are_refused_beside_an_honest_client(swarm, workdir):
-    params = GenerationParams(max_tokens=24)
     with swarm.client() as tracker:
-        solo = list(RouteClient(tracker, swarm.model).generate(PROMPT, params))
-        assert len(solo) == 24
         before, log_before = workers(swarm), worker_logs_size(workdir)
-        honest: list[list[int]] = []
-        stop = threading.Event()
-
-        def generate_honestly() -> None:
-            while not stop.is_set():
-                honest.append(list(RouteClient(tracker, swarm.model).generate(PROMPT, params)))
-
-        beside = threading.Thread(target=generate_honestly)
-        beside.start()
-        try:
-            refusals = 0
+        refusals = 0
+        with honest_beside(tracker, swarm):
             for name, (grammar, reason) in ATTACKS.items():
                 for _ in range(4):  # four crashes ended a node before
                     refused = attack(tracker, swarm, grammar)
@@ -104,19 +140,22 @@ def test_hostile_grammars_are_refused_beside_an_honest_client(swarm, workdir):
                     assert reason in refused.status.message, (name, refused.status.message[:400])
                     assert len(refused.status.message) < 1024, name
                     refusals += 1
-        finally:
-            stop.set()
-            beside.join(timeout=120)
-        assert honest and all(run == solo for run in honest), (len(honest), honest[:2])
-        after = workers(swarm)
-        assert {n: p.pid for n, p in after.items()} == {n: p.pid for n, p in before.items()}  # none crashed
         # A short line or two per refusal, never the grammar's text (524,336 bytes each before).
         grown = worker_logs_size(workdir) - log_before
         assert grown < refusals * 256, grown
-        # Nothing keeps running once the attacks stop: the workers are idle.
-        cpu = {n: p.cpu_times() for n, p in after.items()}
-        time.sleep(2.0)
-        for n, p in after.items():
-            spent = sum(p.cpu_times()[:2]) - sum(cpu[n][:2])
-            assert spent < 0.3, (n, spent)
-        assert list(RouteClient(tracker, swarm.model).generate(PROMPT, params)) == solo
+        assert_idle_and_unharmed(tracker, swarm, before)
+
+
+def test_a_draw_that_would_take_minutes_ends_at_the_sampling_budget(swarm):
+    grammar = exponential_masking()
+    assert len(grammar) < 8192
+    with swarm.client() as tracker:
+        before = workers(swarm)
+        with honest_beside(tracker, swarm):
+            for _ in range(4):
+                started = time.monotonic()
+                refused = attack(tracker, swarm, grammar)
+                assert refused.status.code == StatusCode.RESOURCE_EXHAUSTED, refused.status
+                assert "sampling budget" in refused.status.message, refused.status.message[:400]
+                assert time.monotonic() - started < 30  # the budget is 1 s of CPU a draw
+        assert_idle_and_unharmed(tracker, swarm, before)

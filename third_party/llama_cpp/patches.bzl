@@ -15,4 +15,5 @@ LLAMA_CPP_PATCHES = [
     "//third_party/llama_cpp:patches/0011-vulkan-headers-before-1.3.261.patch",
     "//third_party/llama_cpp:patches/0012-fused-f32-activation-kernels.patch",
     "//third_party/llama_cpp:patches/0013-grammar-bounds-for-untrusted-grammars.patch",
+    "//third_party/llama_cpp:patches/0014-grammar-cpu-limit-per-thread.patch",
 ]

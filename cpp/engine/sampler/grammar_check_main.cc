@@ -4,7 +4,8 @@
 // accepts (fed as a failover's grammar_tokens are) and whether it is complete after them; and the
 // slowest of N greedy draws over seeded random logits.
 //
-// Usage: grammar_check MODEL.gguf GRAMMAR_FILE [--draws=N] [--seed=S] < sequences
+// Usage: grammar_check MODEL.gguf GRAMMAR_FILE [--draws=N] [--seed=S] [--budget_ms=MS] < sequences
+//   --budget_ms: the last hop's CPU budget per draw (--sampling_budget_ms; default none).
 //   Each stdin line is one sequence of token ids separated by spaces.
 // Output, one JSON object per line: first {"compile_ms": x}; then per input line {"accepted":
 // bool, "complete": bool}; then, with --draws, {"draws": N, "choose_ms_max": x, "tokens": [...]}.
@@ -38,17 +39,20 @@ double MillisSince(std::chrono::steady_clock::time_point start) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::cerr << "usage: grammar_check MODEL.gguf GRAMMAR_FILE [--draws=N] [--seed=S] < sequences\n";
+    std::cerr << "usage: grammar_check MODEL.gguf GRAMMAR_FILE [--draws=N] [--seed=S] [--budget_ms=MS] < sequences\n";
     return 2;
   }
   int draws = 0;
   uint64_t seed = 0;
+  std::chrono::milliseconds budget(0);
   for (int i = 3; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--draws=", 0) == 0) {
       draws = std::stoi(arg.substr(8));
     } else if (arg.rfind("--seed=", 0) == 0) {
       seed = std::stoull(arg.substr(7));
+    } else if (arg.rfind("--budget_ms=", 0) == 0) {
+      budget = std::chrono::milliseconds(std::stoll(arg.substr(12)));
     } else {
       std::cerr << "unknown argument " << arg << "\n";
       return 2;
@@ -81,7 +85,7 @@ int main(int argc, char** argv) {
   params.grammar = text.str();
   std::string error;
   const auto compiling = std::chrono::steady_clock::now();
-  auto sampler = meshnet::engine::Sampler::Make(params, vocab, &error);
+  auto sampler = meshnet::engine::Sampler::Make(params, vocab, &error, budget);
   const double compile_ms = MillisSince(compiling);
   if (sampler == nullptr) {
     std::cerr << "grammar refused: " << error << "\n";
@@ -106,7 +110,7 @@ int main(int argc, char** argv) {
       }
       fed.grammar_tokens.push_back(static_cast<uint32_t>(id));
     }
-    auto resumed = meshnet::engine::Sampler::Make(fed, vocab, &error);
+    auto resumed = meshnet::engine::Sampler::Make(fed, vocab, &error, budget);
     const bool accepted = resumed != nullptr;
     const bool complete =
         accepted && resumed->Choose(only_eog.data(), n_vocab) != meshnet::engine::kNoToken;

@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "cpp/engine/llama_log/llama_log.h"
+#include "llama-ext.h"
 #include "llama.h"
 
 namespace meshnet::engine {
@@ -45,6 +46,17 @@ std::chrono::nanoseconds ThreadCpuTime() {
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
   return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
 }
+
+// llama.cpp's CPU limit on this thread's grammar steps (patch 0014) for as long as it lives:
+// a step past it throws, so a draw under an ambiguous grammar ends near the budget instead of
+// running for minutes before it could be measured. Zero: no limit.
+class GrammarCpuLimit {
+ public:
+  explicit GrammarCpuLimit(std::chrono::nanoseconds limit) { llama_grammar_set_thread_cpu_limit(limit.count()); }
+  ~GrammarCpuLimit() { llama_grammar_set_thread_cpu_limit(0); }
+  GrammarCpuLimit(const GrammarCpuLimit&) = delete;
+  GrammarCpuLimit& operator=(const GrammarCpuLimit&) = delete;
+};
 
 // The first line of what llama.cpp logged on this thread (it logs why a grammar was refused).
 std::string FirstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
@@ -105,6 +117,7 @@ std::unique_ptr<Sampler> Sampler::Make(const protocol::SamplingParams& params, c
       *error = "grammar token " + std::to_string(token) + " is outside the vocabulary";
       return nullptr;
     }
+    const GrammarCpuLimit limit(draw_budget);  // a replayed token costs what a draw may
     if (!sampler->Advance(token)) {
       *error = "grammar_tokens: " + sampler->error_;
       return nullptr;
@@ -223,8 +236,16 @@ uint32_t Sampler::Choose(const float* logits, size_t n_vocab) {
   if (grammar_ != nullptr) {
     if (!error_.empty()) return kNoToken;
     const std::chrono::nanoseconds started = ThreadCpuTime();
-    const uint32_t token = ChooseUnderGrammar(logits, n_vocab);
-    if (token == kNoToken) return kNoToken;
+    uint32_t token = kNoToken;
+    {
+      const GrammarCpuLimit limit(draw_budget_);
+      token = ChooseUnderGrammar(logits, n_vocab);
+    }
+    last_draw_cpu_ = ThreadCpuTime() - started;
+    if (token == kNoToken) {
+      WithinBudget(started, "a constrained draw");  // past the budget: that is why (over_budget())
+      return kNoToken;
+    }
     return WithinBudget(started, "a constrained draw") ? token : kNoToken;
   }
   if (params_.temperature <= 0) {

@@ -11,7 +11,10 @@
 // Grammars come from the network (issue 55): llama.cpp's grammar (patch 0013) refuses one nested,
 // expanded or ambiguous past its process-wide bounds, and a constrained draw that takes more than
 // the sampler's CPU budget ends the session's sampling (over_budget()): the time is the sampling
-// thread's own CPU time, so a busy node does not charge its load to the grammar.
+// thread's own CPU time, so a busy node does not charge its load to the grammar. The budget is
+// enforced inside llama.cpp's grammar steps (patch 0014), so a draw whose masking would take
+// minutes (time exponential in a token's length, under a few kilobytes of ambiguous grammar)
+// ends within milliseconds of it; a replayed grammar token gets the same budget.
 //
 // Lives in the engine package so that only cpp/engine calls llama.cpp. Not thread-safe: one
 // owner (the session's step, serialized by the worker's per-session lock) calls Sample.
@@ -65,6 +68,8 @@ class Sampler {
   bool constrained() const { return grammar_ != nullptr; }
   const std::string& error() const { return error_; }
   bool over_budget() const { return over_budget_; }
+  // The CPU time the last constrained draw took (zero before one, and without a grammar).
+  std::chrono::nanoseconds last_draw_cpu() const { return last_draw_cpu_; }
   // The chosen token with its logprob and the params' top alternatives: no draw, so a caller
   // on a hot path may send the token on first and describe it after.
   protocol::SampledToken Describe(const float* logits, size_t n_vocab, uint32_t token,
@@ -83,6 +88,7 @@ class Sampler {
   std::string error_;
   std::chrono::nanoseconds draw_budget_{0};
   bool over_budget_ = false;
+  std::chrono::nanoseconds last_draw_cpu_{0};
 };
 
 }  // namespace meshnet::engine

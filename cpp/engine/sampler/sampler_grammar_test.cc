@@ -309,6 +309,51 @@ TEST_F(SamplerGrammarTest, ADrawOverItsCpuBudgetEndsTheSessionsSampling) {
   EXPECT_FALSE(roomy->over_budget());
 }
 
+// Many one-character alternatives, repeated: a few kilobytes within every bound of patch 0013
+// whose masking takes time exponential in a token's length (each of the 300 stacks retries the
+// candidates the others rejected, at every character): more than a minute a draw unbounded.
+std::string ExponentialMasking() {
+  std::string grammar = "root ::= (";
+  for (int i = 0; i < 300; ++i) grammar += (i ? " | a" : "a") + std::to_string(i);
+  grammar += ")*\n";
+  for (int i = 0; i < 300; ++i) grammar += "a" + std::to_string(i) + " ::= [ -~]\n";
+  return grammar;
+}
+
+TEST_F(SamplerGrammarTest, ADrawWhoseMaskingWouldTakeMinutesEndsAtItsBudget) {
+  const std::string grammar = ExponentialMasking();
+  std::string error;
+  auto sampler = Sampler::Make(Constrained(grammar.c_str()), vocab(), &error, std::chrono::milliseconds(200));
+  ASSERT_NE(sampler, nullptr) << error;
+  std::mt19937_64 rng(5);
+  const std::vector<float> logits = Logits(rng);
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(sampler->Choose(logits.data(), n_vocab()), kNoToken);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+  EXPECT_TRUE(sampler->over_budget());
+  EXPECT_NE(sampler->error().find("sampling budget"), std::string::npos) << sampler->error();
+  EXPECT_GE(sampler->last_draw_cpu(), std::chrono::milliseconds(200));
+  EXPECT_LT(sampler->last_draw_cpu(), std::chrono::milliseconds(1000));
+  // A replayed token gets the same budget: checking one long token alone is as exponential.
+  std::vector<llama_token> word(16);
+  const std::string text = "abcdefghijklmnopqrstuvwxyz";
+  const int n = llama_tokenize(vocab(), text.c_str(), static_cast<int32_t>(text.size()), word.data(), 16, false, false);
+  ASSERT_GT(n, 0);
+  protocol::SamplingParams replay = Constrained(grammar.c_str());
+  for (int i = 0; i < n; ++i) replay.grammar_tokens.push_back(static_cast<uint32_t>(word[i]));
+  const auto replaying = std::chrono::steady_clock::now();
+  auto replayed = Sampler::Make(replay, vocab(), &error, std::chrono::milliseconds(200));
+  EXPECT_LT(std::chrono::steady_clock::now() - replaying, std::chrono::seconds(5 * n));
+  if (replayed == nullptr) {
+    EXPECT_NE(error.find("CPU"), std::string::npos) << error;
+  }
+  // The limit is the draw's own: an honest grammar on the same thread afterwards is unharmed.
+  auto honest = Sampler::Make(Constrained(kObject), vocab(), &error, std::chrono::milliseconds(200));
+  ASSERT_NE(honest, nullptr) << error;
+  EXPECT_TRUE(std::regex_match(Text(Run(*honest, 7, 64)), kObjectText));
+  EXPECT_FALSE(honest->over_budget());
+}
+
 }  // namespace
 }  // namespace meshnet::engine
 

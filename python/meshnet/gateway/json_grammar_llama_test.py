@@ -120,6 +120,9 @@ AT_THE_BOUNDS = [
     ("1024 items of 1024-character strings",
      lambda: schema_grammar({"type": "array", "maxItems": 1024, "items": {"type": "string", "maxLength": 1024}})),
     ("256-value enum", lambda: schema_grammar({"enum": [f"value-{n}" for n in range(256)]})),
+    # Issue 55: MAX_ENUM_WAYS values to start an array's every item from (1,000 parse stacks).
+    ("1,000 enum values sharing a prefix, per item", lambda: schema_grammar({"type": "array", "items": {"anyOf": [
+        {"enum": [f"every-value-shares-this-prefix-{k}{i:03d}" for i in range(250)]} for k in range(4)]}})),
     ("long names beside extra members", lambda: schema_grammar(
         {"type": "object", "properties": {f"{n:03d}" + "x" * 200: {"type": "integer"} for n in range(16)}})),
     ("awkward names beside extra members",

@@ -53,6 +53,11 @@ MAX_REPEAT_TOTAL = 16384  # summed over the grammar: llama.cpp's parser makes a 
 MAX_RULES = 4096  # rules of the output (a property takes up to about four)
 MAX_GRAMMAR_BYTES = 256 << 10  # the output text
 MAX_NAME_CHARS = 256  # a property name (nesting of the grammar that excludes names from extras)
+# Enum values one rule may start as, through anyOf/$ref alternatives: llama.cpp holds a parse
+# stack per value while they share a prefix and refuses a step past 1024 (patch 0013); the
+# whitespace and closing bracket beside an array's item hold a few more (1,024 values failed there,
+# 1,000 sample).
+MAX_ENUM_WAYS = 1000
 MAX_LEFTMOST_PATHS = 1024  # from one rule through anyOf/$ref alternatives to text: llama.cpp's
 # left-recursion check (llama_grammar_init) walks each of them, unmemoised
 
@@ -163,6 +168,7 @@ class _Converter:
         self._defs: dict[str, str] = {}  # pointer of a $ref target -> its rule
         self._pending: collections.deque = collections.deque()
         self._alternatives: dict[str, tuple[list[str], str]] = {}  # rule -> (the rules it may start as, ptr)
+        self._enum_values: dict[str, int] = {}  # an enum/const rule -> its literals: each a way to start
         self._schema = schema
 
     def grammar(self) -> str:
@@ -318,8 +324,13 @@ class _Converter:
         """Walks the rules that are alternatives of other rules (all a rule can start as without
         writing text, since every other rule starts with a literal): a cycle is left recursion,
         which llama.cpp refuses; more than MAX_LEFTMOST_PATHS ways down one rule is refused too (a
-        chain of anyOf/$ref links each offering two ways to the next doubles them per link)."""
+        chain of anyOf/$ref links each offering two ways to the next doubles them per link). The
+        enum values reached through those alternatives are counted too (MAX_ENUM_WAYS): each holds
+        a parse stack of its own while they share a prefix, and llama.cpp refuses a step past 1024
+        stacks (patch 0013), so a schema that would reach that bound mid-answer is refused here,
+        before any token (issue 55, finding 2)."""
         paths: dict[str, int] = {}
+        values: dict[str, int] = {}  # enum values reached through anyOf/$ref alternatives
         expanded: set[str] = set()
         for start in self._alternatives:
             stack = [start]
@@ -337,6 +348,10 @@ class _Converter:
                 paths[name] = sum(paths.get(part, 1) for part in parts)
                 if paths[name] > MAX_LEFTMOST_PATHS:
                     raise _refused(ptr, f"more than {MAX_LEFTMOST_PATHS} ways through anyOf/$ref alternatives")
+                values[name] = sum(values.get(part, self._enum_values.get(part, 0)) for part in parts)
+                if values[name] > MAX_ENUM_WAYS:
+                    raise _refused(ptr, f"more than {MAX_ENUM_WAYS} enum values to start from at once "
+                                        "(each holds a parse stack of its own)")
 
     def _enum(self, values: list, kinds: Optional[list[str]], ptr: str, key: str, hint: str,
               fixed: Optional[str]) -> str:
@@ -344,7 +359,9 @@ class _Converter:
         if not kept:
             raise _refused(ptr, f"no {key} value has the schema's type", key)
         literals = list(dict.fromkeys(self._value_literal(value, _child(ptr, key)) for value in kept))
-        return self._rule(hint, " | ".join(literals), ptr, fixed)
+        name = self._rule(hint, " | ".join(literals), ptr, fixed)
+        self._enum_values[name] = len(literals)
+        return name
 
     def _value_literal(self, value: Any, ptr: str) -> str:
         """A sequence matching exactly `value` (an enum or const value), whitespace as elsewhere."""

@@ -18,6 +18,7 @@ from meshnet.gateway.grammar.json_grammar_cases import (NAMES, STRICT, STRICT_IN
 from meshnet.gateway.grammar.gbnf_text import MAX_INDENT
 from meshnet.gateway.grammar.json_grammar import (
     MAX_ENUM_VALUES,
+    MAX_ENUM_WAYS,
     MAX_LEFTMOST_PATHS,
     MAX_PROPERTIES,
     MAX_REPEAT,
@@ -239,6 +240,23 @@ def test_leftmost_paths_bounded_as_llama_cpp_walks_them():
     assert 1023 < grammar.leftmost_visits() <= 4 * MAX_LEFTMOST_PATHS
     with pytest.raises(SchemaRefused, match=f"more than {MAX_LEFTMOST_PATHS} ways"):
         schema_grammar(fan_in(10))
+
+
+def enums_in_any_of(groups: int, each: int = 256) -> dict:
+    """An array whose items are one of `groups` enums of `each` values sharing a long prefix."""
+    values = [[f"every-value-shares-this-prefix-{k}{i:03d}" for i in range(each)] for k in range(groups)]
+    return {"type": "array", "items": {"anyOf": [{"enum": v} for v in values]}}
+
+
+def test_enum_values_to_start_from_are_bounded():
+    """Issue 55, finding 2: four enums of 250 values (1,000 parse stacks at an item's start) convert;
+    four of 256 would pass llama.cpp's bound of 1,024 mid-answer and are refused first."""
+    grammar = compiled(schema_grammar(enums_in_any_of(4, 250)))
+    assert grammar.matches('["every-value-shares-this-prefix-3249"]')
+    assert not grammar.matches('["every-value-shares-this-prefix-3250"]')
+    with pytest.raises(SchemaRefused, match=f"more than {MAX_ENUM_WAYS} enum values") as refused:
+        schema_grammar(enums_in_any_of(4))
+    assert refused.value.pointer == "#/items"
 
 
 HOSTILE = [  # (label, schema, pointer or None when it converts, message part)
