@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from meshnet.bench.beside import Beside
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.bench.schema import Lane
 from meshnet.gateway.grammar.json_grammar import schema_grammar
@@ -25,6 +26,19 @@ BIG_MODEL_NODES = 4
 # The JSON lane's grammar: the document cannot end within a lane's new tokens, so each one is
 # drawn inside it (once a JSON answer is complete only end-of-generation tokens are allowed).
 OPEN_JSON_GRAMMAR = schema_grammar({"type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 64})
+# Issue 55: the worst grammars the bounds admit, sampled by one client at its limit of two
+# sessions beside the measured stream. What an API key can send (the converter's worst): an
+# array whose every item starts as one of 1,000 enum values sharing a long prefix (MAX_ENUM_WAYS),
+# so that its tokens are drawn with the most parse stacks the converter lets a grammar hold.
+HOSTILE_SCHEMA_GRAMMAR = schema_grammar({
+    "type": "array", "minItems": 1024,
+    "items": {"anyOf": [{"enum": [f"every-value-shares-this-prefix-{k}{i:03d}" for i in range(250)]}
+                        for k in range(4)]}})
+# What a client-role ticket holder can send: 300 one-character alternatives repeated (6 KB), whose
+# masking takes time exponential in a token's length; each draw ends at the last hop's sampling
+# budget (patch 0014), and the session with it.
+HOSTILE_GBNF_GRAMMAR = ("root ::= (" + " | ".join(f"a{i}" for i in range(300)) + ")*\n" +
+                        "".join(f"a{i} ::= [ -~]\n" for i in range(300)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +132,18 @@ TABLE: tuple[LaneSpec, ...] = (
              "the last hop (issue 33; an array of at least 64 short strings, so that every new token is inside the "
              "document): against gguf_ring_3_nodes, the last hop's sampling time per token",
              lambda g: g.route("gguf", g.k, ring=True, grammar=OPEN_JSON_GRAMMAR)),
+    LaneSpec("gguf_ring_3_nodes_beside_hostile_schema", "GGUF route, {k} nodes, ring decode, one stream beside a "
+             "client at its limit of two sessions sampling under the JSON-schema converter's worst grammar on the "
+             "same last hop (issue 55): against gguf_ring_3_nodes, what it costs its neighbour",
+             lambda g: g.route("gguf", g.k, concurrency=[1], ring=True,
+                               beside=Beside(HOSTILE_SCHEMA_GRAMMAR, label="an array of 1,000 enum values sharing a "
+                                             "prefix (the converter's worst)")), group="hostile"),
+    LaneSpec("gguf_ring_3_nodes_beside_hostile_gbnf", "GGUF route, {k} nodes, ring decode, one stream beside a client "
+             "at its limit of two sessions sampling under a raw GBNF grammar whose every draw runs to the sampling "
+             "budget, on the same last hop (issue 55): against gguf_ring_3_nodes, what it costs its neighbour",
+             lambda g: g.route("gguf", g.k, concurrency=[1], ring=True,
+                               beside=Beside(HOSTILE_GBNF_GRAMMAR, label="300 one-character alternatives repeated "
+                                             "(exponential masking, a ticket holder's)")), group="hostile"),
     LaneSpec("gateway_3_nodes", "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
              lambda g: g.bench.gateway(g.model, g.prompts, g.progress)),
     # Issue 17: the ring with audits at 5% (commitments kept, the verifier role running on this

@@ -234,9 +234,15 @@ class Bench:
                          f"(replay {audits.get('verifier_ms_per_audited_token')} ms per audited token; signed "
                          f"commitments {audits.get('commitment_bytes_per_position_per_hop')} bytes per position per "
                          "hop, kept in each worker's memory, never sent on the data path)")
-        return {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
+        lane = {"cells": result["cells"], "tokens": result["tokens"], "processes": processes, "nodes": nodes,
                 "peak_rss_bytes": sum(n["peak_rss_bytes"] for n in nodes), "kv_bytes": sum(n["kv_bytes"] for n in nodes),
                 "notes": notes}
+        if options.beside is not None:
+            beside = lane["beside"] = result["beside"]
+            notes.append(f"beside the measured streams, one client at its limit of {beside['sessions_at_once']} sessions "
+                         f"sampled under {beside['label']} on the same hops: {beside['tokens']} tokens in "
+                         f"{beside['sessions_opened']} sessions ({beside['tok_s']} tok/s), sessions ended {beside['endings']}")
+        return lane
 
     def gateway(self, model: Path, prompts: dict, progress: Progress) -> Lane:
         a = self.args

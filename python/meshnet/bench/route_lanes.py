@@ -27,6 +27,7 @@ from typing import Callable, Optional, Sequence
 import grpc
 import psutil
 
+from meshnet.bench.beside import Beside, BesideSessions
 from meshnet.bench.delay_proxy import DelayProxy
 from meshnet.bench.measure import cell_figures, rounded
 from meshnet.memory_cap import peak_rss_bytes
@@ -38,6 +39,7 @@ from meshnet.swarm.local import LocalSwarm
 from meshnet.wire.seam import Health, StepTimes
 
 Progress = Callable[[str], None]
+BESIDE_SETTLE_S = 5.0  # seconds a lane's hostile sessions run before its cells start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,8 @@ class RouteOptions:
     grammar: str = ""  # constrained sampling on the last hop (issue 33): GBNF every token continues
     # The verifier role running during the lane on this machine: (dump_boundaries binary, calibration.json).
     verifier: Optional[tuple[Path, Path]] = None
+    # A hostile client's sessions running beside the measured streams, on the same hops (issue 55).
+    beside: Optional[Beside] = None
 
 
 class HealthProbe:
@@ -267,15 +271,27 @@ def _measure(swarm: LocalSwarm, prompts: dict[int, list[list[int]]], grid: Seque
         channels = swarm.shard_channels(direct=True)
         probe = HealthProbe([channels[node_id] for node_id in swarm.nodes])
         run_cell(tracker, probe, [next(iter(prompts.values()))[0][:16]], 4, options, hops)  # warm-up
+        beside = BesideSessions(tracker, options.beside, options.insecure) if options.beside else None
+        if beside is not None:
+            progress(f"{options.beside.sessions} sessions beside: {options.beside.label}")
+            beside.start()
+            time.sleep(BESIDE_SETTLE_S)  # its sessions opened and drawing before the cells start
         cells, tokens_c1 = [], {}
-        for length, c in grid:
-            progress(f"prompt {length}, concurrency {c}")
-            cell, outs = run_cell(tracker, probe, prompts[length][:c], tokens, options, hops)
-            cells.append(cell)
-            if c == 1:
-                tokens_c1[length] = outs[0]
+        try:
+            for length, c in grid:
+                progress(f"prompt {length}, concurrency {c}")
+                cell, outs = run_cell(tracker, probe, prompts[length][:c], tokens, options, hops)
+                cells.append(cell)
+                if c == 1:
+                    tokens_c1[length] = outs[0]
+        finally:
+            if beside is not None:
+                beside.stop()
         health = probe.snapshot()
     nodes = node_memory(swarm)
     for node, reply in zip(nodes, health):
         node["kv_cells_total"] = reply.kv_cells_total
-    return {"cells": cells, "tokens": tokens_c1, "nodes": nodes, "startup_s": round(startup_s, 1)}
+    result = {"cells": cells, "tokens": tokens_c1, "nodes": nodes, "startup_s": round(startup_s, 1)}
+    if beside is not None:
+        result["beside"] = beside.summary()
+    return result

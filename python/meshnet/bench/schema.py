@@ -113,6 +113,7 @@ class Lane(TypedDict, total=False):
     direct: dict[str, Any]  # gateway lane: its two sides and the concurrent run
     gateway: dict[str, Any]
     concurrent: dict[str, Any]
+    beside: dict[str, Any]  # a hostile client's sessions beside the measured streams (bench/beside.py)
 
 
 def _fits(value: Any, hint: Any) -> bool:
