@@ -22,7 +22,7 @@ from meshnet.recipe.model_files import open_model_files
 from meshnet.swarm.local import LocalSwarm
 from meshnet.verify import audit, verifier
 
-VERIFIERS = (Identity.generate(), Identity.generate())  # the tracker quarantines on two keys' refutations
+VERIFIERS = (Identity.generate(), Identity.generate())  # the tracker quarantines on both enrolled keys' refutations
 
 
 def capped_route(gguf: Path, parts: Sequence[Path], cuts: Sequence[tuple[int, int]], caps: Sequence[int], *,
@@ -85,10 +85,13 @@ def audit_cheaters(workdir: Path, gguf: Path, parts: Sequence[Path], cuts: Seque
         evict_from_page_cache(path)
     swarm = LocalSwarm(workdir, gguf, cuts, model=model, backend="gguf", worker_binary=worker, threads=threads,
                        max_sessions=2, max_kv_tokens=max_kv_tokens, node_ggufs=list(parts),
-                       node_prefixes=[c.prefix for c in node_caps[:len(cuts)]])
+                       node_prefixes=[c.prefix for c in node_caps[:len(cuts)]],
+                       tracker_args=["--enrolled-roles", "verifier"])
     swarm.tracker.audit_rate, swarm.tracker.audit_seed = 1.0, 1
     report: dict = {"cap_bytes": cap, "cuts": [list(c) for c in cuts], "cheats": {}}
     try:
+        for key in VERIFIERS:  # only enrolled verifiers make up the quorum (issue 55, finding 9)
+            swarm.tracker.enroll("verifier", key.public_key)
         with swarm:
             def audited_session(prompt: str) -> tuple[list[str], list]:
                 with swarm.client() as tracker:

@@ -88,6 +88,19 @@ class TrackerProcess:
         self.port = 0
         self.log = workdir / "tracker.log"
 
+    def enroll(self, role: str, public_key: bytes) -> None:
+        """Enrolls `public_key` for `role` in the tracker's ledger, as the operator's `principals
+        enroll` does (ADR 0017): before start, or taken within the tracker's 5 s sync. Only
+        enrolled verifier keys count toward the audit quorum (tracker/audits.py)."""
+        from meshnet.tracker.ledger.ledger import Ledger  # here: psycopg only for callers that enroll
+        from meshnet.tracker.ledger.principals import Enrolment
+
+        ledger = Ledger(self.ledger_url or self.db)
+        try:
+            ledger.enroll(Enrolment(public_key, role, enrolled_at=time.time()))
+        finally:
+            ledger.close()
+
     def client(self, role: str = "client", identity: Optional[Identity] = None, timeout: float = 10.0) -> TrackerClient:
         """A tracker client with `role`'s token and `identity` (a fresh key by default)."""
         return TrackerClient(self.address, self.roles[role], identity or Identity.generate(), tracker_ca=self.ca,

@@ -18,10 +18,21 @@ Evidence before punishment (issue 35, finding 6; ADR 0016): an audit is bound to
 key that took it (another's report: PERMISSION_DENIED), a verifier holds at most
 MAX_IN_FLIGHT_PER_VERIFIER at once, and a refutation must carry the culprit's commitments as the
 culprit signed them, for the audited (session, epoch) (INVALID_ARGUMENT otherwise). A refutation
-is recorded, but the culprit is quarantined and its credit withheld only when `quorum` distinct
-verifier keys refute the same hop: until then the session goes back to the front of the queue as
+is recorded, but the culprit is quarantined and its credit withheld only when `quorum` verifiers
+(counted as below) refute the same hop: until then the session goes back to the front of the queue as
 a confirmation that no verifier which already refuted it may take. A confirmation that passes,
 or blames another hop, is recorded and counted as `disputed`; nobody is punished.
+Who counts toward the quorum (issue 55, finding 9; ADR 0017): keys cost nothing to make, so each
+key the operator enrolled as a verifier (`principals`) counts one; all other keys together count
+one, and only while no enrolled key agrees. Before this, two freshly minted keys refuting an
+honest node with its own signed commitments (anyone taking the audit can fetch them) met the
+default quorum of 2 and quarantined it. A tracker whose verifiers are not enrolled (the default)
+still serves them and records their verdicts, but above a quorum of 1 it quarantines nobody on
+them, and says so at start (`quorum_warning`). Chosen over enrolling the verifier role by default
+when audits run: no opt-out flag to reopen the hole, and unenrolled verifiers keep finding and
+recording refutations for the operator to read. A confirmation that agrees but adds no verifier
+that counts ends the round (`uncounted`), so refutations that can never reach the quorum do not
+stay queued.
 Thread-safe (one lock).
 """
 
@@ -42,6 +53,7 @@ from meshnet.process import log
 from meshnet.protocol import commitments
 from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.ledger.ledger import Ledger
+from meshnet.tracker.ledger.principals import Principals
 from meshnet.tracker.registry import Registry
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import Fingerprints, RouteSession
@@ -74,12 +86,15 @@ class _Job:
 class Audits:
     def __init__(self, registry: Registry, ledger: Ledger, ticket_key: Identity, *, rate: float = DEFAULT_RATE,
                  seed: Optional[int] = None, ticket_seconds: float = 600.0, report_seconds: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic, quorum: int = DEFAULT_QUORUM) -> None:
+                 clock: Callable[[], float] = time.monotonic, quorum: int = DEFAULT_QUORUM,
+                 principals: Optional[Principals] = None) -> None:
+        """`principals`: whose verifier keys are enrolled (None: nobody's; see the module's docstring)."""
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"audit rate must be in [0, 1], got {rate}")
         if quorum < 1:
             raise ValueError(f"the quarantine quorum must be at least 1, got {quorum}")
         self.quorum = quorum
+        self._principals = principals or Principals()
         self._registry, self._ledger, self._key = registry, ledger, ticket_key
         self.rate = rate
         self._random = random.Random(seed)
@@ -91,6 +106,7 @@ class Audits:
         self.sampled = 0  # of those, queued for audit
         self.unaudited_backend = 0  # drawn, but with a hop on a recipe the entry does not certify (ADR 0015)
         self.disputed = 0  # refutations that a confirming verifier did not repeat
+        self.uncounted = 0  # confirmations that agreed but added no verifier the quorum counts
 
     def consider(self, route: RouteSession, model: str, hops: tuple[tt.Hop, ...]) -> None:
         with self._lock:
@@ -186,11 +202,14 @@ class Audits:
             culprit = "" if request.passed else request.culprit_node_id
             confirming = bool(job.refuted_by)
             agreed = job.refuted_by + (verifier,) if culprit and (not confirming or culprit == job.culprit) else ()
-            punish = len(set(agreed)) >= self.quorum
-            if culprit and not punish and (not confirming or culprit == job.culprit):
+            counted = self._counted(agreed)
+            punish = counted >= self.quorum
+            if agreed and not punish and counted > self._counted(job.refuted_by):
                 # Not yet the quorum: the session again, first in line, for another verifier.
                 self._pending.appendleft(_Job(secrets.randbits(62) + 1, job.route, job.model, job.hops, job.backends,
                                               refuted_by=agreed, culprit=culprit))
+            elif agreed and not punish:
+                self.uncounted += 1
             elif confirming and not punish:
                 self.disputed += 1
         self._ledger.record_audit(job.audit_id, job.route.session_id, job.route.epoch, job.model, request.passed,
@@ -199,9 +218,34 @@ class Audits:
             self._registry.quarantine(culprit)
         log("audit", audit_id=job.audit_id, session=job.route.session_id, epoch=job.route.epoch,
             passed=request.passed, culprit=culprit, checked=request.checked_positions,
-            verifier=verifier.hex()[:16], refutations=len(set(agreed)), quarantined=punish,
+            verifier=verifier.hex()[:16], refutations=len(set(agreed)), counted=counted, quarantined=punish,
             disputed=confirming and not agreed)
         return tt.ReportAuditReply(Status(StatusCode.OK))
+
+    def _counted(self, keys: tuple[bytes, ...]) -> int:
+        """The verifiers `keys` make toward the quorum: one per key enrolled as a verifier now
+        (a key revoked since its refutation no longer counts), else one for all of them."""
+        enrolled = {key for key in keys if self._principals.enrolled_as("verifier", key)}
+        return len(enrolled) or (1 if keys else 0)
+
+
+def quorum_warning(rate: float, quorum: int, principals: Principals) -> str:
+    """What the operator should hear at start about who can quarantine ('' when nothing):
+    tracker/main.py logs it."""
+    if rate <= 0 or "verifier" in principals.enrolled_roles:
+        return ""
+    if quorum == 1:
+        return ("--audit-quorum 1 and the verifier role is not enrolled: any holder of the verifier token can "
+                "quarantine a hop alone; run with --enrolled-roles verifier and enroll your verifiers' keys")
+    enrolled = sum(e.role == "verifier" for e in principals.enrolled())
+    enroll = ("enroll your verifiers (python -m meshnet.tracker.ledger.principals enroll verifier KEY) and run "
+              "with --enrolled-roles verifier")
+    if enrolled < quorum:
+        return (f"audits run with {enrolled} verifier keys enrolled, fewer than --audit-quorum {quorum}: unenrolled "
+                f"verifier keys count as one verifier in all, so their refutations are recorded and quarantine "
+                f"nobody; {enroll}")
+    return (f"the verifier role is not enrolled: any key with the verifier token takes audits and may dispute a "
+            f"refutation, though only the {enrolled} enrolled keys count toward --audit-quorum {quorum}; {enroll}")
 
 
 def _unproven(job: _Job, request: tt.ReportAuditRequest) -> str:

@@ -1,10 +1,12 @@
 """Audits on the tracker's side: the seeded draw, tickets per hop, and what a verdict may do:
 bound to the verifier that took it, a refutation only with the culprit's signed commitments, and
-a quarantine only at the quorum of verifiers, which an operator can release (ADR 0016).
+a quarantine only at the quorum of verifiers, which an operator can release (ADR 0016), where
+only enrolled verifier keys count one each (issue 55, finding 9; ADR 0017).
 Refusals have exact statuses and leave an honest audit beside them untouched."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
@@ -12,13 +14,18 @@ import pytest
 
 from meshnet.identity import tickets
 from meshnet.identity.keys import Identity, verify
+from meshnet.identity.roles import new_role_tokens
 from meshnet.protocol.commitments import COMMITMENTS_DOMAIN
+from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.shard.v1 import shard_pb2
-from meshnet.tracker.audits import MAX_EVIDENCE_CHARS, MAX_IN_FLIGHT_PER_VERIFIER, MAX_REFUTATION_COMMITMENTS, Audits
+from meshnet.tracker.audits import (DEFAULT_QUORUM, MAX_EVIDENCE_CHARS, MAX_IN_FLIGHT_PER_VERIFIER,
+                                    MAX_REFUTATION_COMMITMENTS, Audits, quorum_warning)
 from meshnet.tracker.ledger.ledger import Ledger
+from meshnet.tracker.ledger.principals import Enrolment, Principals
 from meshnet.tracker.registry import CertifiedModel, Registry
+from meshnet.tracker.service import serve
 from meshnet.wire import tracker as tt
-from meshnet.wire.seam import Fingerprints, RouteSession
+from meshnet.wire.seam import Fingerprints, ProtocolVersion, RouteSession
 from meshnet.wire.status import StatusCode
 
 ART, REC = "sha256:" + "a" * 64, "sha256:" + "r" * 64
@@ -28,6 +35,7 @@ OTHER = CertifiedModel("other", "llama", 30, "sha256:" + "b" * 64, REC, matmul_a
 
 NODE_KEYS: dict[str, Identity] = {}  # node id -> key, for hops made here
 VERIFIER, SECOND_VERIFIER = Identity.generate().public_key, Identity.generate().public_key
+ENROLLED = Principals(["verifier"], enrolments=[Enrolment(key, "verifier") for key in (VERIFIER, SECOND_VERIFIER)])
 
 
 def hop(name: str, start: int, end: int) -> tt.Hop:
@@ -55,7 +63,7 @@ def setup(tmp_path):
     ledger = Ledger(tmp_path / "ledger.db")
     registry = Registry([MODEL])
     key = Identity.generate()
-    yield Audits(registry, ledger, key, rate=1.0, seed=3), registry, ledger, key
+    yield Audits(registry, ledger, key, rate=1.0, seed=3, principals=ENROLLED), registry, ledger, key
     ledger.close()
 
 
@@ -126,8 +134,8 @@ def test_refused_reports_change_nothing_and_an_honest_one_beside_them_lands(setu
 
 
 def test_a_quarantine_needs_the_quorum_and_the_operator_can_release_it(setup):
-    """Two distinct verifier keys must refute the same hop: the first refutation puts the
-    session back, first in line, for another verifier (never the one that refuted it); the
+    """Two distinct enrolled verifier keys must refute the same hop: the first refutation puts
+    the session back, first in line, for another verifier (never the one that refuted it); the
     second quarantines the hop and withholds its credit. A confirmation that passes is a
     dispute: recorded, nobody punished. The operator's release (the ledger) ends a quarantine."""
     audits, registry, ledger, _ = setup
@@ -256,3 +264,119 @@ def test_a_confirmation_is_never_pushed_out_of_the_bounded_queue(setup, monkeypa
         audits.consider(RouteSession(f"s{i}", 1), "smol", (hop("a", 0, 30),))
     confirmation = audits.take(verifier=SECOND_VERIFIER).job
     assert confirmation is not None and confirmation.session.session_id == "s-cheat"
+
+
+@contextlib.contextmanager
+def tracker(tmp_path, enrolled_roles=(), enrolled_verifiers=()):
+    """A tracker on loopback assembled as tracker/main.py does (the registry's on_close feeding
+    the audits, principals from the ledger's enrolments gating calls and counting verifiers,
+    the default quorum), every closed route audited; (address, role tokens, ledger, audits)."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    for key in enrolled_verifiers:  # the operator's `principals enroll verifier KEY`
+        ledger.enroll(Enrolment(key.public_key, "verifier"))
+    principals = Principals(enrolled_roles, enrolments=ledger.enrolments())
+    ticket_key, tokens, audits = Identity.generate(), new_role_tokens(), []
+    registry = Registry([MODEL], lease_seconds=30, on_close=lambda *closed: audits[0].consider(*closed),
+                        route_quota=principals.route_quota)
+    audits.append(Audits(registry, ledger, ticket_key, rate=1.0, seed=3, principals=principals))
+    server, port = serve(registry, ledger, "127.0.0.1:0", tokens, ticket_key, audits=audits[0], principals=principals)
+    try:
+        yield f"127.0.0.1:{port}", tokens, ledger, audits[0]
+    finally:
+        server.stop(grace=0).wait()
+        ledger.close()
+
+
+def refuted_on_the_wire(address: str, tokens: dict, verifiers: tuple[Identity, ...]) -> str:
+    """A node serves one route its client closes (queued for audit); each of `verifiers` in turn
+    takes that session (the audit, then the confirmation) and refutes the node with its own
+    signed commitments, which anyone taking the audit can fetch from it. The node's id."""
+    key = Identity.generate()
+    NODE_KEYS[key.node_id] = key
+    info = tt.NodeInfo(key.node_id, "127.0.0.1:9", tt.BackendKind.GGUF, "smol", "llama", Fingerprints(ART, REC), "",
+                       tt.LayerRange(0, 30), tt.Capacity(4, 4096, 0), 30, key.public_key, "")
+    with TrackerClient(address, tokens["node"], key) as node, \
+            TrackerClient(address, tokens["client"], Identity.generate()) as client:
+        assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), info)).admission == tt.Admission.ROUTABLE
+        route = client.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+        assert client.close_route(route.session).status.ok
+    for verifier_key in verifiers:
+        with TrackerClient(address, tokens["verifier"], verifier_key) as verifier:
+            job = verifier.take_audit().job
+            assert job.session == route.session and [h.node.node_id for h in job.hops] == [key.node_id]
+            assert verifier.report_audit(refutation(job, job.hops[0])).status.ok
+    return key.node_id
+
+
+def test_two_minted_verifier_keys_do_not_quarantine_an_honest_node(tmp_path):
+    """Issue 55, finding 9: on a tracker with the defaults (no --enrolled-roles, --audit-quorum 2),
+    one holder of the verifier token minted two keys and refuted an honest node with its own
+    signed commitments; it was quarantined. Now both refutations are recorded and nobody is
+    punished; the session is not queued again, and the node is still routed."""
+    assert DEFAULT_QUORUM == 2
+    with tracker(tmp_path) as (address, tokens, ledger, audits):
+        honest = refuted_on_the_wire(address, tokens, (Identity.generate(), Identity.generate()))
+        with TrackerClient(address, tokens["client"], Identity.generate()) as client:
+            assert client.coverage("smol").quarantined_node_ids == ()
+            again = client.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            assert again.status.ok and [h.node.node_id for h in again.hops] == [honest]
+        assert ledger.quarantined() == set() and ledger.withheld_tokens(honest) == 0
+        assert [(a["passed"], a["culprit"]) for a in ledger.audits()] == [(False, honest)] * 2
+        assert (audits.uncounted, audits.disputed) == (1, 0)
+        with TrackerClient(address, tokens["verifier"], Identity.generate()) as third:
+            assert third.take_audit().status.code == StatusCode.NOT_FOUND  # not queued for a third minted key
+
+
+def test_two_enrolled_verifiers_still_quarantine_a_cheat(tmp_path):
+    """With the verifiers enrolled (ADR 0017), the same two refutations quarantine the node."""
+    verifiers = (Identity.generate(), Identity.generate())
+    with tracker(tmp_path, ["verifier"], verifiers) as (address, tokens, ledger, audits):
+        cheat = refuted_on_the_wire(address, tokens, verifiers)
+        with TrackerClient(address, tokens["client"], Identity.generate()) as client:
+            assert client.coverage("smol").quarantined_node_ids == (cheat,)
+        assert ledger.quarantined() == {cheat} and audits.uncounted == 0
+
+
+def test_only_enrolled_verifier_keys_count_toward_the_quorum(tmp_path):
+    """The verifier role not enrolled, one key enrolled: the enrolled key and a minted one do not
+    make two (an enrolled verifier cannot mint its way to a quorum either); a second enrolled key
+    does. A key revoked before the confirmation no longer counts."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    principals = Principals(enrolments=[Enrolment(VERIFIER, "verifier")])
+    registry = Registry([MODEL])
+    audits = Audits(registry, ledger, Identity.generate(), rate=1.0, seed=3, principals=principals)
+    cheat = hop("cheat", 0, 30)
+    for session in ("s1", "s2"):
+        audits.consider(RouteSession(session, 1), "smol", (cheat,))
+    minted = Identity.generate().public_key
+    for key in (VERIFIER, minted):
+        job = audits.take(verifier=key).job
+        assert job.session == RouteSession("s1", 1) and audits.report(refutation(job, cheat), key).status.ok
+    assert registry.quarantined == frozenset() and audits.uncounted == 1
+    first = audits.take(verifier=VERIFIER).job  # s2: refuted, then VERIFIER revoked before the confirmation
+    assert first.session == RouteSession("s2", 1) and audits.report(refutation(first, cheat), VERIFIER).status.ok
+    principals.sync([Enrolment(SECOND_VERIFIER, "verifier")])
+    confirmation = audits.take(verifier=SECOND_VERIFIER).job
+    assert audits.report(refutation(confirmation, cheat), SECOND_VERIFIER).status.ok
+    assert registry.quarantined == frozenset() and audits.uncounted == 2
+    principals.sync([Enrolment(VERIFIER, "verifier"), Enrolment(SECOND_VERIFIER, "verifier")])
+    audits.consider(RouteSession("s3", 1), "smol", (cheat,))
+    for key in (VERIFIER, SECOND_VERIFIER):
+        job = audits.take(verifier=key).job
+        assert job.session == RouteSession("s3", 1) and audits.report(refutation(job, cheat), key).status.ok
+    assert registry.quarantined == frozenset({cheat.node.node_id})
+    ledger.close()
+
+
+@pytest.mark.parametrize("rate, quorum, roles, enrolled, says", [
+    (0.05, 2, (), 0, "fewer than --audit-quorum 2"),  # the defaults
+    (0.05, 1, (), 0, "can quarantine a hop alone"),
+    (0.05, 2, (), 2, "only the 2 enrolled keys count"),
+    (0.05, 2, ("verifier",), 2, ""),
+    (0.0, 2, (), 0, ""),  # no audits
+])
+def test_the_tracker_warns_at_start_when_unenrolled_verifiers_matter(rate, quorum, roles, enrolled, says):
+    principals = Principals(roles, enrolments=[Enrolment(Identity.generate().public_key, "verifier")
+                                               for _ in range(enrolled)])
+    warning = quorum_warning(rate, quorum, principals)
+    assert (says in warning) if says else warning == ""

@@ -13,12 +13,14 @@ read-only /metrics, /status and /status.json (tracker/web/web.py says what they 
 HOST:PORT` also serves the relay role (ADR 0007), and `--check-reachability` sends a node the
 tracker cannot reach to a relay. `--audit-rate` (default 0.05) of closed route sessions are
 queued for the verifier role (ADR 0008); a hop is quarantined when `--audit-quorum` (default 2)
-verifier keys refute it (ADR 0016), and the ledger, the quarantine's record, is read again every
-QUARANTINE_SYNC_SECONDS (an operator's `ledger release NODE_ID` takes effect). Every calling
-key is a principal with quotas (`--max-routes-per-principal`, `--failure-reports-per-minute`);
-for the roles in `--enrolled-roles` only keys the operator enrolled in the ledger are served
-(`python -m meshnet.tracker.ledger.principals enroll ROLE KEY`, read again every
-QUARANTINE_SYNC_SECONDS; ADR 0017). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
+verifiers refute it (ADR 0016), each enrolled verifier key counting one and all others together
+one (issue 55, finding 9; `audit_quorum_warning` at start says when that matters), and the
+ledger, the quarantine's record, is read again every QUARANTINE_SYNC_SECONDS (an operator's
+`ledger release NODE_ID` takes effect). Every calling key is a principal with quotas
+(`--max-routes-per-principal`, `--failure-reports-per-minute`); for the roles in
+`--enrolled-roles` only keys the operator enrolled in the ledger are served (`python -m
+meshnet.tracker.ledger.principals enroll ROLE KEY`, read again every QUARANTINE_SYNC_SECONDS;
+ADR 0017). `--etcd HOST:PORT,HOST:PORT,...` keeps nodes, route
 sessions, bans and the quarantine in etcd under `--etcd-prefix`, shared by every tracker given
 the same cluster and prefix (ADR 0011); without it the state is in memory (one tracker).
 `--etcd-ca/--etcd-cert/--etcd-key` speak to etcd over TLS with a client certificate (etcd's
@@ -36,11 +38,12 @@ from meshnet.identity.keys import Identity
 from meshnet.identity.roles import ROLES
 from meshnet.process import log, raise_file_limit, stop_on_signals, write_port_file
 from meshnet.relay.server import RelayServer
-from meshnet.tracker.audits import DEFAULT_QUORUM, DEFAULT_RATE, Audits
+from meshnet.tracker.audits import DEFAULT_QUORUM, DEFAULT_RATE, Audits, quorum_warning
 from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.ledger.ledger_postgres import is_postgres_url
 from meshnet.tracker.ledger.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE, DEFAULT_MAX_ROUTES, Principals
 from meshnet.tracker.metrics import TrackerMetrics
+from meshnet.tracker.prefill_grace import DEFAULT_GRACE_SECONDS, check_grace
 from meshnet.tracker.probe import health_fails
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import TICKET_SECONDS, serve
@@ -97,6 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lease-seconds", type=float, default=10.0, help="node lease (heartbeat within it)")
     parser.add_argument("--route-lease-seconds", type=float, default=60.0,
                         help="route lease: a route its client neither renews nor closes frees its hops after it")
+    parser.add_argument("--route-prefill-grace-seconds", type=float, default=DEFAULT_GRACE_SECONDS,
+                        help="a route epoch none of whose hops reports a prefill within this is closed and its "
+                        "sessions return (tracker/prefill_grace.py); keep it above the longest first-hop prefill "
+                        "the swarm serves plus a node heartbeat")
     parser.add_argument("--ban-seconds", type=float, default=5.0,
                         help="first ban of a node reported failed; each further report doubles it")
     parser.add_argument("--max-ban-seconds", type=float, default=300.0, help="the longest ban")
@@ -120,8 +127,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="fraction of closed route sessions queued for the verifier role to audit (ADR 0008)")
     parser.add_argument("--audit-seed", type=int, help="seed of the audit draw (default: random)")
     parser.add_argument("--audit-quorum", type=int, default=DEFAULT_QUORUM,
-                        help="distinct verifier keys that must refute the same hop before it is quarantined and its "
-                        "credit withheld (ADR 0016)")
+                        help="verifiers that must refute the same hop before it is quarantined and its credit "
+                        "withheld (ADR 0016): each enrolled verifier key counts one, all unenrolled keys together one")
     parser.add_argument("--enrolled-roles", default="", metavar="ROLE,...",
                         help="roles whose keys must be enrolled in the ledger (client, gateway, verifier; "
                         "python -m meshnet.tracker.ledger.principals enroll); default none: any key with the role's "
@@ -147,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_cert is None and not args.insecure:
         parser.error("TLS is required: --tls-cert and --tls-key (or --insecure for loopback development)")
+    try:
+        check_grace(args.route_prefill_grace_seconds)
+    except ValueError as err:
+        parser.error(f"--route-prefill-grace-seconds: {err}")
     roles = load_roles(args.roles_file)
     tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes()) if args.tls_cert else None
     models = load_models(args.models, args.allow_uncertified) if args.models else []
@@ -183,11 +194,12 @@ def main(argv: list[str] | None = None) -> None:
     ticket_key = Identity.load_or_create(args.ticket_key)
     audits: list[Audits] = []  # made after the registry, which calls it when a route closes
     registry = Registry(models, lease_seconds=args.lease_seconds, route_lease_seconds=args.route_lease_seconds,
+                        prefill_grace_seconds=args.route_prefill_grace_seconds,
                         ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds,
                         quarantined=ledger.quarantined(), on_close=lambda *closed: audits[0].consider(*closed),
                         store=store, corroborate=health_fails, route_quota=principals.route_quota)
     audits.append(Audits(registry, ledger, ticket_key, rate=args.audit_rate, seed=args.audit_seed,
-                         ticket_seconds=args.ticket_seconds, quorum=args.audit_quorum))
+                         ticket_seconds=args.ticket_seconds, quorum=args.audit_quorum, principals=principals))
     metrics = TrackerMetrics(registry, ledger)
     try:
         server, port = serve(registry, ledger, args.listen, roles, ticket_key, tls=tls,
@@ -204,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
         tls=tls is not None, http=http.url if http else None, etcd=args.etcd, etcd_prefix=args.etcd_prefix,
         etcd_tls=bool(args.etcd_ca), enrolled_roles=sorted(principals.enrolled_roles),
         enrolled_keys=len(principals.enrolled()))
+    warning = quorum_warning(args.audit_rate, args.audit_quorum, principals)
+    if warning:
+        log("audit_quorum_warning", warning=warning)
     if http is not None:
         write_port_file(args.http_port_file, http.port)
     if relay is not None:

@@ -34,6 +34,8 @@ def test_a_certified_entry_is_served(tmp_path):
     (["--enrolled-roles", "client,node"], "are not enrolled by key"),  # a node's key is its node id
     (["--max-routes-per-principal", "0"], "route quota must be in"),
     (["--failure-reports-per-minute", "0"], "at least 1"),
+    (["--route-prefill-grace-seconds", "0"], "positive number of seconds"),
+    (["--route-prefill-grace-seconds", "nan"], "positive number of seconds"),
 ])
 def test_flags_are_checked_before_anything_starts(tmp_path, capsys, flags, message):
     (tmp_path / "roles.json").write_text(json.dumps({"node": "n", "client": "c"}))

@@ -17,14 +17,19 @@ registered, renewed, drained and removed only by the key it derives from; a rout
 reported on and closed only by the principal that opened it; a route session's epoch only
 grows, and every issued route covers [0, n_layer) exactly once. A route session is leased: unless
 its client renews it (or reports on it) within `route_lease_seconds`, it expires and its hops'
-capacity returns. A route only enters a GGUF node at its registered start (the worker cannot run
-from an effective start); reference nodes may be entered at any layer they serve. A route keeps
-the client_id it was opened with across epochs (the ledger attributes its work to it).
+capacity returns. Against capacity squatting (issue 55, finding 12), a route epoch that shows no
+prefill in the ledger within `prefill_grace_seconds` is closed (prefill_grace.py), and while
+other principals wait for a range's sessions a principal's new route takes no more than its fair
+share of them (fair_share.py). A route only enters a GGUF node at its registered start (the
+worker cannot run from an effective start); reference nodes may be entered at any layer they
+serve. A route keeps the client_id it was opened with across epochs (the ledger attributes its
+work to it).
 `snapshot()` is a bounded, read-only copy for the status page and metrics (tracker/web/web.py).
 Beside it, each a pure function of what the registry read: admission.py (what a registration
 must carry, how it is admitted), coverage.py (the Coverage reply), candidates.py (a node as a route
 candidate) and routing.py (route choice itself); certified.py holds the certified entries
-(`CertifiedModel`, re-exported here), store/state_store.py the state.
+(`CertifiedModel`, re-exported here), store/state_store.py the state; prefill_grace.py and
+fair_share.py keep the registry's memory of unproven routes and of who waits.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from meshnet.tracker.admission import MAX_ID_CHARS, MAX_SESSIONS, admit, validat
 from meshnet.tracker.candidates import longest_route, node_candidate, routable
 from meshnet.tracker.certified import CertifiedModel  # re-exported: callers import it from here
 from meshnet.tracker.coverage import coverage_reply
+from meshnet.tracker.fair_share import Contention, Range, Share, over_share, ranges_of
+from meshnet.tracker.prefill_grace import DEFAULT_GRACE_SECONDS, PrefillWatch
 from meshnet.tracker.store.state_store import EmbeddedStore, NodeRecord, SessionRecord, TrackerStore
 from meshnet.wire import tracker as tt
 from meshnet.wire.ids import NodeId, SessionId
@@ -65,7 +72,8 @@ class Registry:
                  on_close: Callable[[RouteSession, str, tuple[tt.Hop, ...]], None] = lambda route, model, hops: None,
                  store: Optional[TrackerStore] = None,
                  corroborate: Callable[[tt.NodeInfo], bool] = lambda node: True,
-                 route_quota: Callable[[bytes], int] = lambda caller: MAX_SESSIONS) -> None:
+                 route_quota: Callable[[bytes], int] = lambda caller: MAX_SESSIONS,
+                 prefill_grace_seconds: float = DEFAULT_GRACE_SECONDS) -> None:
         """`quarantined`: nodes that failed an audit (ADR 0008; the ledger keeps them), never
         routed. `on_close(route, model, hops)` is called after a client closes a route, outside
         the lock (the tracker samples audits there). `store`: where the state lives (an
@@ -73,7 +81,9 @@ class Registry:
         finds a reported node failing (its own Health probe, tracker/probe.py), called outside
         the lock; only then does a failure report ban the node (issue 35, finding 3). The
         default takes every report on trust. `route_quota(caller)`: how many routes one
-        principal may hold open at once (tracker/ledger/principals.py, ADR 0017)."""
+        principal may hold open at once (tracker/ledger/principals.py, ADR 0017).
+        `prefill_grace_seconds`: how long a route epoch may go without showing a prefill before
+        it is closed (prefill_grace.py; ValueError unless finite and positive)."""
         self._models = {m.model: m for m in models}
         self._store: TrackerStore = store if store is not None else EmbeddedStore(clock)
         for node_id in set(quarantined) - self._store.quarantined():
@@ -82,6 +92,9 @@ class Registry:
         self._corroborate = corroborate
         self._route_quota = route_quota
         self.contradicted_reports = 0  # failure reports the tracker's probe contradicted (no ban)
+        self.reclaimed_routes = 0  # routes closed for carrying no prefill within the grace
+        self._prefill = PrefillWatch(prefill_grace_seconds)
+        self._contention = Contention(route_lease_seconds)  # a refusal is remembered for one route lease
         self._lease = lease_seconds
         self._route_lease = route_lease_seconds
         self._ban_base, self._ban_max = ban_seconds, max_ban_seconds
@@ -195,13 +208,19 @@ class Registry:
 
     # ---- route sessions ---------------------------------------------------------------------
 
-    def open_route(self, request: tt.OpenRouteRequest, caller: bytes) -> tt.RouteReply:
+    def open_route(self, request: tt.OpenRouteRequest, caller: bytes,
+                   carried_work: Optional[Callable[[RouteSession], bool]] = None) -> tt.RouteReply:
+        """A new route for `caller`, within its quota and its fair share of each range others wait
+        for. `carried_work(route)`: whether the ledger holds work by a hop of `route` at its epoch
+        (service.py asks it); with it, routes that carried no prefill within the grace are closed
+        first (None: none is)."""
         if request.expected_tokens > MAX_EXPECTED_TOKENS:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {request.expected_tokens} is too large"))
         if len(request.client_id) > MAX_ID_CHARS:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, f"client_id must be at most {MAX_ID_CHARS} characters"))
         if not request.client_id.isprintable():
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "client_id must be printable text"))
+        self._reclaim_unused(carried_work)
         with self._lock:
             model = self._models.get(request.model)
             if model is None:
@@ -214,15 +233,18 @@ class Registry:
             session_id = SessionId(f"rs-{uuid.uuid4().hex}")
             opened = SessionRecord(request.model, 1, (), request.expected_tokens, frozenset(request.avoid_node_ids),
                                    caller, request.client_id, self._clock())
-            reply, planned = self._route(session_id, opened, model)
+            reply, planned = self._route(session_id, opened, model, fair=True)
             if not reply.status.ok:
                 return reply
             self._opening[session_id] = planned
+        created = False
         try:
             created = self._store.create_session(session_id, planned, self._route_lease)
         finally:
             with self._lock:
                 del self._opening[session_id]
+                if created:
+                    self._prefill.routed(session_id, 1, opened.opened_at)
         if not created:
             return tt.RouteReply(_error(StatusCode.INTERNAL, f"route session id {session_id} is taken"))
         return reply
@@ -241,16 +263,19 @@ class Registry:
         """report_failure_with_record's reply alone."""
         return self.report_failure_with_record(request, caller)[0]
 
-    def report_failure_with_record(self, request: tt.ReportFailureRequest,
-                                   caller: bytes) -> tuple[tt.RouteReply, Optional[SessionRecord]]:
+    def report_failure_with_record(self, request: tt.ReportFailureRequest, caller: bytes,
+                                   carried_work: Optional[Callable[[RouteSession], bool]] = None
+                                   ) -> tuple[tt.RouteReply, Optional[SessionRecord]]:
         """A new epoch for the reporter's route, avoiding the failed hop, and the session record
         as the store now holds it (None when nothing was written), so the caller needs no read
         to ticket the reply (expected_tokens, client_id). The hop is banned (from every route,
         for a doubling time) only when the tracker corroborates the failure; else only this
-        route avoids it, so a client cannot ban an honest node by reporting it."""
+        route avoids it, so a client cannot ban an honest node by reporting it. `carried_work`: as
+        in open_route. A failover is not held to the fair share (its route held its places already)."""
         if request.session is None:
             return tt.RouteReply(_error(StatusCode.INVALID_ARGUMENT, "failure report without a session")), None
         session_id = request.session.session_id
+        self._reclaim_unused(carried_work, keep=session_id)  # a hop that never finished the prefill is reported
         confirmed = self._confirmed(session_id, request.failed_node_id, caller)  # a probe: outside the lock
         with self._lock:
             session = self._store.session(session_id)
@@ -287,6 +312,8 @@ class Registry:
                 if now is None:
                     return tt.RouteReply(_error(StatusCode.NOT_FOUND, f"route session {session_id!r} was closed")), None
                 return _stale(request.session, now), None
+            if stored.hops:
+                self._prefill.routed(session_id, stored.epoch, self._clock())
             return reply, stored
 
     def _confirmed(self, session_id: SessionId, failed: NodeId, caller: bytes) -> bool:
@@ -313,14 +340,45 @@ class Registry:
             if session.client_key != caller:
                 return _error(StatusCode.PERMISSION_DENIED, "only the client that opened a route may close it")
             return _error(StatusCode.UNAVAILABLE, "close raced; retry", True)
+        self._note_closed(closed)
+        if closed.hops and audit:
+            self._on_close(RouteSession(route.session_id, closed.epoch), closed.model, closed.hops)
+        return OK
+
+    def _note_closed(self, closed: SessionRecord) -> None:
+        """This tracker ended a route through `closed.hops` now: a heartbeat of theirs from before
+        counts a session that is gone."""
         now = self._clock()
         if len(self._closed_at) > MAX_CLOSES_KEPT:
             self._closed_at.clear()
         for hop in closed.hops:
             self._closed_at[hop.node.node_id] = now
-        if closed.hops and audit:
-            self._on_close(RouteSession(route.session_id, closed.epoch), closed.model, closed.hops)
-        return OK
+
+    def _reclaim_unused(self, carried_work: Optional[Callable[[RouteSession], bool]],
+                        keep: Optional[SessionId] = None) -> None:
+        """Closes each route but `keep` whose epoch showed no prefill (`carried_work` false) a
+        grace after it was routed (prefill_grace.py); its principal's places stay counted for
+        fair share one more grace. The ledger is asked outside the lock; the close is at the
+        epoch seen, so a route that failed over meanwhile is left alone."""
+        if carried_work is None:
+            return
+        with self._lock:
+            due = self._prefill.due(self._store.sessions(), self._clock())
+        for session_id, session in due:
+            if session_id == keep:
+                continue
+            if carried_work(RouteSession(session_id, session.epoch)):
+                with self._lock:
+                    self._prefill.proven(session_id, session.epoch)
+                continue
+            closed = self._store.close_session(session_id, session.epoch, session.client_key)
+            if closed is None:
+                continue
+            self._note_closed(closed)
+            with self._lock:
+                until = self._clock() + self._prefill.grace_seconds
+                self._contention.reclaimed(closed.model, closed.client_key, ranges_of(closed.hops), until)
+                self.reclaimed_routes += 1
 
     def quarantine(self, node_id: NodeId) -> None:
         """Never routes `node_id` again (it failed an audit); it stays visible as quarantined."""
@@ -398,28 +456,52 @@ class Registry:
                                                   f"{session.epoch}"), None
         return None, session
 
-    def _route(self, session_id: SessionId, session: SessionRecord,
-               model: CertifiedModel) -> tuple[tt.RouteReply, SessionRecord]:
+    def _route(self, session_id: SessionId, session: SessionRecord, model: CertifiedModel,
+               fair: bool = False) -> tuple[tt.RouteReply, SessionRecord]:
         """Lock held. Picks hops for `session` at its epoch: the reply, and the record to store
-        (with those hops, or none). Sessions other routes are being written for count as in use."""
-        in_use: dict[NodeId, tuple[int, int]] = {}
+        (with those hops, or none). Sessions other routes are being written for count as in use.
+        `fair`: the route takes no place where its opener holds its fair share (fair_share.py)."""
         live = dict(self._store.sessions())
         live.update(self._opening)
-        for sid, other in live.items():
-            if sid == session_id:
-                continue
+        live.pop(session_id, None)
+        now = self._clock()
+        eligible = self._eligible(session.model)
+        over = (over_share(session.client_key, session.model, live.values(), eligible, self._contention, now)
+                if fair else {})
+        choice = self._candidates(session, live, eligible, model.recipes(), over)
+        combinations = model.route_combinations()
+        route = RouteSession(session_id, session.epoch)
+        unrouted = dataclasses.replace(session, hops=())
+        try:
+            hops = routing.find_route(choice.usable, model.n_layer, combinations)
+        except routing.NoRouteError as err:
+            return self._no_route(route, session, model.n_layer, combinations, choice, over, err, now), unrouted
+        self._contention.served(session.model, session.client_key)
+        routed = tuple(tt.Hop(choice.nodes[h.node_id], tt.LayerRange(h.start, h.end)) for h in hops)
+        return tt.RouteReply(OK, route, routed, (), self.route_lease_ms), dataclasses.replace(session, hops=routed)
+
+    def _eligible(self, model: str) -> list[NodeRecord]:
+        """Lock held: the live nodes of `model` a route may use (routable, neither draining, banned
+        nor quarantined)."""
+        banned, quarantined = self._store.banned(), self._store.quarantined()
+        return [n for n in self._live_nodes(model) if n.admission == tt.Admission.ROUTABLE and not n.draining
+                and n.info.node_id not in banned and n.info.node_id not in quarantined]
+
+    def _candidates(self, session: SessionRecord, live: dict[SessionId, SessionRecord], eligible: list[NodeRecord],
+                    backends: dict[str, str], over: dict[Range, Share]) -> _Choice:
+        """Lock held: each eligible node `session` does not avoid, as a route candidate, sorted by
+        whether it may take the session (`live`: the other routes, whose sessions are in use)."""
+        in_use: dict[NodeId, tuple[int, int]] = {}
+        for other in live.values():
             for hop in other.hops:
                 sessions, tokens = in_use.get(hop.node.node_id, (0, 0))
                 in_use[hop.node.node_id] = (sessions + 1, tokens + other.expected_tokens)
-        banned, quarantined = self._store.banned(), self._store.quarantined()
-        nodes, candidates, full, too_short = {}, [], [], []
+        choice = _Choice()
         idle, cached = {}, self._idle_candidates
-        backends, combinations = model.recipes(), model.route_combinations()
-        for node in self._live_nodes(session.model):
+        for node in eligible:
             info = node.info
             node_id = info.node_id
-            if (node.admission != tt.Admission.ROUTABLE or node.draining or node_id in session.avoid
-                    or node_id in banned or node_id in quarantined):
+            if node_id in session.avoid:
                 continue
             sessions, tokens = in_use.get(node_id, (0, 0))
             stale = self._closed_at.get(node_id, float("-inf")) > node.last_heartbeat
@@ -433,33 +515,56 @@ class Registry:
                 candidate = made[3]
             cap = info.capacity or _NO_CAPACITY_LIMITS
             if cap.max_session_tokens and session.expected_tokens > cap.max_session_tokens:
-                too_short.append((candidate, cap.max_session_tokens))
-                continue
-            if ((cap.max_sessions and sessions >= cap.max_sessions)
+                choice.too_short.append((candidate, cap.max_session_tokens))
+            elif ((cap.max_sessions and sessions >= cap.max_sessions)
                     or (cap.kv_tokens and tokens + session.expected_tokens > cap.kv_tokens)):
-                full.append(candidate)
-                continue
-            nodes[node_id] = info
-            candidates.append(candidate)
+                choice.full.append(candidate)
+            elif (info.layers.start, info.layers.end) in over:
+                choice.over.append(candidate)
+            else:
+                choice.nodes[node_id] = info
+                choice.usable.append(candidate)
         self._idle_candidates = idle
-        route = RouteSession(session_id, session.epoch)
-        unrouted = dataclasses.replace(session, hops=())
-        try:
-            hops = routing.find_route(candidates, model.n_layer, combinations)
-        except routing.NoRouteError as err:
-            gaps = tuple(tt.LayerRange(s, e) for s, e in err.uncovered)
-            longest = longest_route(candidates + full, too_short, model.n_layer, combinations)
-            if longest is not None and longest < session.expected_tokens:
-                status = _error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {session.expected_tokens} (prompt + new "
-                                f"tokens) exceeds what any route can hold for one session: at most {longest} tokens")
-                return tt.RouteReply(status, route, (), gaps), unrouted
-            if full and routable(candidates + full, model.n_layer, combinations):
-                status = _error(StatusCode.RESOURCE_EXHAUSTED, f"the nodes serving layers "
-                                f"{routing.describe_layers(err.uncovered)} are all at capacity", True)
-                return tt.RouteReply(status, route, (), gaps), unrouted
-            return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (), gaps), unrouted
-        routed = tuple(tt.Hop(nodes[h.node_id], tt.LayerRange(h.start, h.end)) for h in hops)
-        return tt.RouteReply(OK, route, routed, (), self.route_lease_ms), dataclasses.replace(session, hops=routed)
+        return choice
+
+    def _no_route(self, route: RouteSession, session: SessionRecord, n_layer: int,
+                  combinations: list[frozenset[str]], choice: _Choice, over: dict[Range, Share],
+                  err: routing.NoRouteError, now: float) -> tt.RouteReply:
+        """Lock held: why `session` has no route. When nodes at capacity (or at the opener's
+        share) would make one, the opener now waits for their ranges (fair_share.py)."""
+        gaps = tuple(tt.LayerRange(s, e) for s, e in err.uncovered)
+        blocked = choice.full + choice.over
+        longest = longest_route(choice.usable + blocked, choice.too_short, n_layer, combinations)
+        if longest is not None and longest < session.expected_tokens:
+            status = _error(StatusCode.INVALID_ARGUMENT, f"expected_tokens {session.expected_tokens} (prompt + new "
+                            f"tokens) exceeds what any route can hold for one session: at most {longest} tokens")
+            return tt.RouteReply(status, route, (), gaps)
+        if not blocked or not routable(choice.usable + blocked, n_layer, combinations):
+            return tt.RouteReply(_error(StatusCode.UNAVAILABLE, str(err), True), route, (), gaps)
+        free = {(c.start, c.end) for c in choice.usable}
+        self._contention.refused(session.model, {(c.start, c.end) for c in blocked} - free, session.client_key, now)
+        if choice.over and routable(choice.usable + choice.over, n_layer, combinations):
+            shares = "; ".join(f"layers {routing.describe_layers([at])}: {held} of {sessions} sessions, its share "
+                               f"{share}" for at, (held, share, sessions) in sorted(over.items())
+                               if at in {(c.start, c.end) for c in choice.over})
+            status = _error(StatusCode.RESOURCE_EXHAUSTED, f"principal {keys.principal(session.client_key)} holds "
+                            f"its fair share of sessions other principals wait for ({shares}); retry when one of its "
+                            "routes ends", True)
+        else:
+            status = _error(StatusCode.RESOURCE_EXHAUSTED, f"the nodes serving layers "
+                            f"{routing.describe_layers(err.uncovered)} are all at capacity", True)
+        return tt.RouteReply(status, route, (), gaps)
+
+
+@dataclasses.dataclass
+class _Choice:
+    """The candidates of one route choice, by whether they may take the session."""
+
+    nodes: dict[NodeId, tt.NodeInfo] = dataclasses.field(default_factory=dict)  # the usable ones, by id
+    usable: list[routing.Candidate] = dataclasses.field(default_factory=list)
+    full: list[routing.Candidate] = dataclasses.field(default_factory=list)  # at their session or KV capacity
+    over: list[routing.Candidate] = dataclasses.field(default_factory=list)  # where the opener holds its share
+    too_short: list[tuple[routing.Candidate, int]] = dataclasses.field(default_factory=list)  # (node, its limit)
 
 
 _NO_CAPACITY_LIMITS = tt.Capacity()

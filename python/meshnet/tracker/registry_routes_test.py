@@ -1,5 +1,6 @@
-"""Registry, route sessions: routes, epochs, bans, capacity, route leases and quotas, and who may
-do what (a route's client alone reports and closes). Nodes are in registry_test.py."""
+"""Registry, route sessions: routes, epochs, bans, capacity, route leases and quotas, the prefill
+grace and fair shares (issue 55, finding 12), and who may do what (a route's client alone
+reports and closes). Nodes are in registry_test.py."""
 
 from __future__ import annotations
 
@@ -190,3 +191,109 @@ def test_a_principal_holds_at_most_its_route_quota(clock):
     assert open_route(registry, client=OTHER_CLIENT).status.ok  # the node still has room for others
     assert registry.close_route(held[0].session, CLIENT.public_key).ok
     assert open_route(registry).status.ok  # a closed route frees a place in the quota
+
+
+def test_a_route_that_carries_no_prefill_within_the_grace_gives_its_session_back(clock):
+    """Issue 55, finding 12: a route nobody sends a prefill on held its hop's session for a whole
+    lease. Now, when the ledger shows no work by a hop at the route's epoch (`worked` stands in
+    for it) a grace after the route was opened, the next route choice closes it; a route whose
+    hop reported work keeps its session for as long as its lease is renewed."""
+    registry = Registry([MODEL], lease_seconds=1000, route_lease_seconds=60, prefill_grace_seconds=5, clock=clock)
+    register(registry, "a", 0, 30, capacity=tt.Capacity(1, 4096, 1))  # one session
+    worked: set[RouteSession] = set()
+
+    def open_on(client):
+        return registry.open_route(tt.OpenRouteRequest("smol"), client.public_key, lambda r: r in worked)
+
+    idle = open_on(CLIENT)
+    assert idle.status.ok and idle.lease_ms == 60_000
+    clock.now += 4.9  # within the grace: the session is still held
+    assert open_on(OTHER_CLIENT).status.code == StatusCode.RESOURCE_EXHAUSTED and registry.reclaimed_routes == 0
+    clock.now += 0.1
+    honest = open_on(OTHER_CLIENT)  # the grace is over: the idle route is closed first, and its session is free
+    assert honest.status.ok and route_names(honest) == [("a", 0, 30)] and registry.reclaimed_routes == 1
+    assert registry.renew_route(idle.session, CLIENT.public_key).status.code == StatusCode.NOT_FOUND
+    assert registry.close_route(idle.session, CLIENT.public_key).code == StatusCode.NOT_FOUND
+
+    worked.add(honest.session)  # its hop reported the prefill
+    for _ in range(3):  # many graces later, the route that carries traffic still holds its session
+        clock.now += 20
+        assert registry.renew_route(honest.session, OTHER_CLIENT.public_key).status.ok
+        full = open_on(CLIENT)
+        assert full.status.code == StatusCode.RESOURCE_EXHAUSTED and "at capacity" in full.status.message
+    assert registry.reclaimed_routes == 1
+    assert registry.close_route(honest.session, OTHER_CLIENT.public_key).ok
+    assert open_on(CLIENT).status.ok
+
+
+def test_a_failover_epoch_shows_its_own_prefill(clock):
+    """A failure report on a route whose hop never finished its prefill is acted on, not
+    answered NOT_FOUND for the route it names (the probe and the ban need it); the new epoch's
+    hops must then see the replayed prefill within a grace of the failover, and work at epoch 1
+    does not vouch for epoch 2."""
+    registry = Registry([MODEL], lease_seconds=1000, ban_seconds=100, prefill_grace_seconds=5, clock=clock)
+    register(registry, "a", 0, 30, capacity=tt.Capacity(1, 4096, 1))
+    register(registry, "b", 0, 30, capacity=tt.Capacity(1, 4096, 1))
+    worked: set[RouteSession] = set()
+
+    def carried(route):
+        return route in worked
+    first = registry.open_route(tt.OpenRouteRequest("smol"), CLIENT.public_key, carried)
+    clock.now += 6  # past the grace: its first hop never reported the prefill, and the client reports it
+    moved = registry.report_failure_with_record(tt.ReportFailureRequest(first.session, first.hops[0].node.node_id),
+                                                CLIENT.public_key, carried)[0]
+    assert moved.status.ok and moved.session.epoch == 2 and registry.reclaimed_routes == 0
+    worked.add(first.session)  # epoch 1's work, reported late
+    clock.now += 4.9
+    assert registry.open_route(tt.OpenRouteRequest("smol"), OTHER_CLIENT.public_key, carried).status.code == \
+        StatusCode.RESOURCE_EXHAUSTED  # the failed hop is banned, the other holds epoch 2
+    clock.now += 0.1
+    assert registry.open_route(tt.OpenRouteRequest("smol"), OTHER_CLIENT.public_key, carried).status.ok
+    assert registry.reclaimed_routes == 1
+    assert registry.renew_route(moved.session, CLIENT.public_key).status.code == StatusCode.NOT_FOUND
+
+
+def test_a_squatter_reopening_as_its_routes_lapse_cannot_keep_an_honest_principal_out(clock):
+    """Issue 55, finding 12: a key that re-opened routes as fast as they lapsed held every
+    session of a node; the gateway answered 429 at once and still after 75 s. Now, while the
+    honest principal waits, the squatter's new routes stop at its fair share of the range
+    (ceil(4 sessions / 2 principals) = 2; the places of its routes closed for carrying no
+    prefill count one more grace), refused RESOURCE_EXHAUSTED and retryable as over its quota,
+    and the honest principal is served within a grace, round after round, up to its own share."""
+    registry = Registry([MODEL], lease_seconds=1000, route_lease_seconds=60, prefill_grace_seconds=5, clock=clock)
+    register(registry, "a", 0, 30)  # four sessions
+    worked: set[RouteSession] = set()  # the squatter never sends a prefill; the honest client always does
+
+    def open_on(client):
+        return registry.open_route(tt.OpenRouteRequest("smol"), client.public_key, lambda r: r in worked)
+
+    def squat() -> tuple[int, tt.RouteReply]:  # opens until refused
+        for opened in range(8):
+            reply = open_on(CLIENT)
+            if not reply.status.ok:
+                return opened, reply
+        raise AssertionError("the squatter was never refused")
+
+    held, refused = squat()
+    assert held == 4 and "at capacity" in refused.status.message  # nobody waited: it may take every session
+    honest: list[tt.RouteReply] = []
+    for _ in range(2):
+        waiting = open_on(OTHER_CLIENT)
+        assert waiting.status.code == StatusCode.RESOURCE_EXHAUSTED and "at capacity" in waiting.status.message
+        clock.now += 5  # the squatter's routes lapse for carrying no prefill; it opens again at once
+        held, refused = squat()
+        assert held == 0, "its closed routes' places still count: at its share while the honest principal waits"
+        status = refused.status
+        assert status.code == StatusCode.RESOURCE_EXHAUSTED and status.retryable and refused.hops == ()
+        assert f"fair share of sessions other principals wait for (layers 0..29: {4 - len(honest)} of 4 sessions, " \
+            "its share 2)" in status.message
+        served = open_on(OTHER_CLIENT)
+        assert served.status.ok and route_names(served) == [("a", 0, 30)]
+        worked.add(served.session)
+        honest.append(served)
+        clock.now += 5  # the closed routes' places are forgotten; nobody waits: the squatter fills the rest
+        held, refused = squat()
+        assert held == 4 - len(honest) and "at capacity" in refused.status.message
+    assert registry.reclaimed_routes == 4 + 3
+    for served in honest:  # the honest routes were never closed: each principal holds its share, 2
+        assert registry.renew_route(served.session, OTHER_CLIENT.public_key).status.ok

@@ -9,8 +9,10 @@ verified key is the principal the registry acts for, and for a role the operator
 it must be enrolled (PERMISSION_DENIED otherwise; ledger/principals.py, ADR 0017), whose quotas it
 spends. Route replies carry a ticket per hop, signed with the tracker's ticket key, and every
 issued (session, epoch, node) triple is recorded in the ledger, with the route's client_id,
-before the reply leaves, so work is accepted only for it. Every answer is counted in the
-tracker's metrics (tracker/metrics.py). Protobuf stops here; bad input becomes a Status.
+before the reply leaves, so work is accepted only for it. The registry learns from the ledger
+whether a route carried a prefill (OpenRoute, ReportFailure: issue 55, finding 12) or traffic
+lately (RenewRoute: issue 35, finding 4). Every answer is counted in the tracker's metrics
+(tracker/metrics.py). Protobuf stops here; bad input becomes a Status.
 """
 
 from __future__ import annotations
@@ -193,7 +195,8 @@ class TrackerService:
             if req.client_id.startswith(GATEWAY_CLIENT_PREFIX) and role != "gateway":
                 return tt.RouteReply(Status(StatusCode.PERMISSION_DENIED, f"only the gateway names its API keys' "
                                             f"ledger accounts ({GATEWAY_CLIENT_PREFIX}...)"))
-            reply = self._issued(self._registry.open_route(req, caller), caller, req.expected_tokens, req.client_id)
+            opened = self._registry.open_route(req, caller, self._carried_prefill)
+            reply = self._issued(opened, caller, req.expected_tokens, req.client_id)
             self._metrics.route_opens.labels(self._metrics.model_label(req.model), reply.status.code.name).inc()
             log("open_route", model=req.model, client=keys.principal(caller), client_id=req.client_id,
                 status=reply.status.code.name, session=reply.session.session_id if reply.session else None,
@@ -205,7 +208,8 @@ class TrackerService:
         def work(req: tt.ReportFailureRequest, caller: bytes) -> tt.RouteReply:
             over = self._principals.take_failure_report(caller, self._registry.routes_held(caller))
             reply, stored = ((tt.RouteReply(Status(StatusCode.RESOURCE_EXHAUSTED, over, retryable=True)), None)
-                             if over is not None else self._registry.report_failure_with_record(req, caller))
+                             if over is not None
+                             else self._registry.report_failure_with_record(req, caller, self._carried_prefill))
             if reply.status.ok:  # ticketed from the record the store wrote, not read back
                 assert stored is not None
                 reply = self._issued(reply, caller, stored.expected_tokens, stored.client_id)
@@ -242,6 +246,16 @@ class TrackerService:
         ledger (ADR 0011), or a renewal sent to another tracker than the work is refused."""
         last = self._ledger.last_work_at(route.session_id, route.epoch)
         return last is not None and last >= time.time() - self._registry.route_lease_ms / 1000
+
+    def _carried_prefill(self, route: RouteSession) -> bool:
+        """Whether the ledger holds work by any hop of `route` at its epoch: the first step a hop
+        reports for an epoch is its prefill (tracker/prefill_grace.py; issue 55, finding 12). A
+        ledger that cannot be read says yes: no route is closed without the evidence."""
+        try:
+            return self._ledger.last_work_at(route.session_id, route.epoch) is not None
+        except StoreError as err:
+            log("ledger_unreadable", call="last_work_at", error=str(err))
+            return True
 
     def TakeAudit(self, request, context):  # noqa: N802
         def work(r: tt.TakeAuditRequest, caller: bytes) -> tt.TakeAuditReply:

@@ -5,7 +5,9 @@ not at the end of its lease) and the client is told to retry, without any intern
 client_id that is not printable text (a NUL) is refused before anything is written. A real
 tracker on loopback over a test fake ledger whose writes can be made to fail. Issue 34: a
 failover is ticketed from the session record the store wrote, never read back (on etcd each read
-is a round trip); the route reply says whether the route rings, as its tickets do (ADR 0021)."""
+is a round trip); the route reply says whether the route rings, as its tickets do (ADR 0021).
+Issue 55, finding 12: routes that show no work in the ledger within the prefill grace are
+closed, and a squatter re-opening them is held to its fair share while an honest client waits."""
 
 from __future__ import annotations
 
@@ -137,6 +139,44 @@ def test_a_route_that_carries_no_traffic_is_not_renewed_and_its_capacity_returns
             again = honest.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))  # its capacity is back
             assert again.status.ok
             assert honest.renew_route(served.session).status.ok  # the honest route still lives
+    finally:
+        server.stop(grace=0).wait()
+        ledger.close()
+
+
+def test_a_squatter_reopening_as_its_routes_lapse_is_held_to_its_share_on_the_wire(tmp_path):
+    """Issue 55, finding 12, over a real SQLite ledger: routes that show no work in the ledger a
+    grace after they were opened are closed, and while the honest client waits the squatter's
+    new routes are refused (RESOURCE_EXHAUSTED, retryable, as over its quota); the honest
+    client is served, and its route, whose hop reports its prefill, keeps its session."""
+    grace = 1.0
+    ledger = Ledger(tmp_path / "ledger.db")
+    tokens = new_role_tokens()
+    registry = Registry([MODEL], lease_seconds=30, route_lease_seconds=60, prefill_grace_seconds=grace)
+    server, port = serve(registry, ledger, "127.0.0.1:0", tokens, Identity.generate())
+    address = f"127.0.0.1:{port}"
+    try:
+        key = Identity.generate()
+        with TrackerClient(address, tokens["node"], key) as node, \
+                TrackerClient(address, tokens["client"], Identity.generate()) as squatter, \
+                TrackerClient(address, tokens["client"], Identity.generate()) as honest:
+            assert node.register(tt.RegisterRequest(ProtocolVersion(1, 0), node_info(key, 2))).admission == \
+                tt.Admission.ROUTABLE
+            assert all(squatter.open_route(tt.OpenRouteRequest("smol", expected_tokens=64)).status.ok for _ in "ab")
+            waits = honest.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            assert waits.status.code == StatusCode.RESOURCE_EXHAUSTED and "at capacity" in waits.status.message
+            time.sleep(grace + 0.1)  # no hop reported work for the squatter's routes
+            again = squatter.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            assert again.status.code == StatusCode.RESOURCE_EXHAUSTED and again.status.retryable and not again.hops
+            assert "fair share" in again.status.message and registry.reclaimed_routes == 2
+            served = honest.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            assert served.status.ok
+            assert node.report_work(tt.WorkReport(key.node_id, (tt.WorkEntry(served.session, 8, 0),), 1)).status.ok
+            time.sleep(grace + 0.1)  # the closed routes' places are forgotten; the honest route has carried a prefill
+            assert squatter.open_route(tt.OpenRouteRequest("smol", expected_tokens=64)).status.ok
+            full = squatter.open_route(tt.OpenRouteRequest("smol", expected_tokens=64))
+            assert full.status.code == StatusCode.RESOURCE_EXHAUSTED and "at capacity" in full.status.message
+            assert registry.reclaimed_routes == 2 and honest.renew_route(served.session).status.ok
     finally:
         server.stop(grace=0).wait()
         ledger.close()

@@ -202,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-file", type=Path, help="the verifier role's token (else $MESHNET_VERIFIER_TOKEN)")
     parser.add_argument("--insecure", action="store_true")
     parser.add_argument("--identity", type=Path, help="this verifier's Ed25519 key file (created 0600 if absent; "
-                        "the key a tracker with --enrolled-roles verifier must have enrolled); default: fresh")
+                        "the key the tracker's operator enrolls: only enrolled keys are served with --enrolled-roles "
+                        "verifier, and unenrolled keys' refutations count together as one verifier toward the "
+                        "quarantine quorum); default: fresh")
     parser.add_argument("--gguf", required=True, type=Path,
                         help="the certified model: the whole GGUF, or the parts record (MODEL.parts.json) of its "
                              "per-range files (//python:cut_model); replays open one range at a time")

@@ -4,9 +4,11 @@ Every tracker call is signed by its caller's Ed25519 key (ADR 0003); that key is
 that quotas, bans, audits and billing attach to. A role token only says which methods a key may
 call. For a role the operator names in `enrolled_roles` (the tracker's --enrolled-roles), a
 token is no longer enough: only keys the operator enrolled for that role are served, so a token
-holder cannot mint keys to multiply quotas or to make up an audit quorum alone. Enrolments live
-in the ledger (its `principals` table, written by this module's command line), which a running
-tracker reads every SYNC_SECONDS; a revoked key is refused from the next sync.
+holder cannot mint keys to multiply quotas. Whether or not the verifier role is in
+`enrolled_roles`, only enrolled verifier keys count one each toward the audit quorum
+(`enrolled_as`; tracker/audits.py, issue 55 finding 9), so minted keys never make up a quorum.
+Enrolments live in the ledger (its `principals` table, written by this module's command line),
+which a running tracker reads every SYNC_SECONDS; a revoked key is refused from the next sync.
 
 Quotas, per principal, enrolled or not:
   - routes open at once: the enrolment's `max_routes`, else `default_max_routes` (the registry
@@ -109,13 +111,16 @@ class Principals:
         with self._lock:
             return list(self._enrolled.values())
 
+    def enrolled_as(self, role: str, key: bytes) -> bool:
+        """Whether the operator enrolled `key` for `role`, whether or not the role is in
+        `enrolled_roles` (tracker/audits.py counts only enrolled verifiers toward its quorum)."""
+        with self._lock:
+            return (role, key) in self._enrolled
+
     def refusal(self, role: str, key: bytes) -> Optional[str]:
         """Why a call by `key` under `role` is refused (PERMISSION_DENIED), or None."""
-        if role not in self.enrolled_roles:
+        if role not in self.enrolled_roles or self.enrolled_as(role, key):
             return None
-        with self._lock:
-            if (role, key) in self._enrolled:
-                return None
         return (f"key {keys.principal(key)} is not enrolled as a {role} on this tracker; the operator enrolls it "
                 f"with: python -m meshnet.tracker.ledger.principals enroll {role} {key.hex()}")
 
