@@ -155,13 +155,16 @@ def test_peer_addresses():
 
 def test_a_public_method_is_answered_without_waiting_for_its_message(tracker):
     """Issue 55, finding 3: TrackerKey needs no role, and each token-less call waited 10 s for its
-    message, so about 17 addresses filled the tracker's 1,024 calls. Now 1,100 such calls that
-    never send their message, from one address, are answered at once, and honest calls beside."""
+    message, so about 17 addresses filled the tracker's 1,024 calls. Now 1,116 such calls that
+    never send their message, from one address, are answered at once, and honest calls beside.
+    Each connection carries fewer calls than its stream limit: more would queue in the client, and a
+    queued call can race the server's count of streams still closing (REFUSED_STREAM, UNAVAILABLE)."""
     address, tokens, _ = tracker
-    attacks = [Attack(address, "TrackerKey", 100) for _ in range(11)]  # 11 connections, 32 streams each at most
+    per_connection = ServerLimits().max_streams_per_connection - 1
+    attacks = [Attack(address, "TrackerKey", per_connection) for _ in range(36)]
     try:
         for attack in attacks:
-            assert attack.outcomes(timeout=ANSWERED_WITHIN_S) == [grpc.StatusCode.OK] * 100
+            assert attack.outcomes(timeout=ANSWERED_WITHIN_S) == [grpc.StatusCode.OK] * per_connection
         assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
     finally:
         for attack in attacks:
@@ -279,3 +282,47 @@ def test_a_connection_that_never_finishes_its_handshake_is_closed(tmp_path):
             s.close()
         server.stop(grace=0).wait()
         ledger.close()
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # and empty SETTINGS
+GOAWAY = 0x7
+
+
+def goaway_or_close(s: socket.socket) -> str:
+    """Reads HTTP/2 frames until the server sends GOAWAY ('goaway') or closes ('closed')."""
+    buffer = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            return "closed"
+        if not chunk:
+            return "closed"
+        buffer += chunk
+        while len(buffer) >= 9:
+            length, kind = int.from_bytes(buffer[:3], "big"), buffer[3]
+            if kind == GOAWAY:
+                return "goaway"
+            if len(buffer) < 9 + length:
+                break
+            buffer = buffer[9 + length:]
+
+
+@pytest.mark.parametrize("tracker", [ServerLimits(connection_idle=1.0)], indirect=True)
+def test_idle_connections_are_closed_and_a_node_is_served_beside_them(tracker):
+    """Issue 55, finding 4 (in part): one peer held 1,500 idle connections open for good (nothing
+    closed an idle HTTP/2 connection); the tracker now ends a connection with no call in progress
+    after connection_idle (GOAWAY), and serves a node and a client beside them."""
+    address, tokens, _ = tracker
+    host, port = address.rsplit(":", 1)
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(32)]
+    try:
+        for s in held:
+            s.sendall(HTTP2_PREFACE)
+        started = time.monotonic()
+        assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
+        assert {goaway_or_close(s) for s in held} <= {"goaway", "closed"}
+        assert time.monotonic() - started < 1.0 + 5.0  # connection_idle, and grpc's idle timer's slack
+    finally:
+        for s in held:
+            s.close()
