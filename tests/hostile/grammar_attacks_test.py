@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from meshnet.client.session import GenerationParams, MeshnetError, RouteClient
+from meshnet.gateway.grammar.worst_cases import EXPONENTIAL_GBNF
 from meshnet.swarm.local import LocalSwarm
 from meshnet.wire.status import StatusCode
 
@@ -45,13 +46,6 @@ def ambiguous_arrays() -> str:
     """64 alternatives that each open an array of the same value: each '[' multiplies the stacks by 64."""
     names = [f"a{i}" for i in range(64)]
     return "root ::= v\nv ::= " + " | ".join(names) + "\n" + "".join(f'{n} ::= "[" v? "]"\n' for n in names)
-
-
-def exponential_masking(alternatives: int = 300) -> str:
-    """One-character alternatives, repeated: every stack retries what the others rejected, at every
-    character of a token."""
-    names = [f"a{i}" for i in range(alternatives)]
-    return "root ::= (" + " | ".join(names) + ")*\n" + "".join(f"{n} ::= [ -~]\n" for n in names)
 
 
 ATTACKS = {
@@ -147,7 +141,7 @@ def test_hostile_grammars_are_refused_beside_an_honest_client(swarm, workdir):
 
 
 def test_a_draw_that_would_take_minutes_ends_at_the_sampling_budget(swarm):
-    grammar = exponential_masking()
+    grammar = EXPONENTIAL_GBNF
     assert len(grammar) < 8192
     with swarm.client() as tracker:
         before = workers(swarm)

@@ -17,6 +17,7 @@ from meshnet.bench.beside import Beside
 from meshnet.bench.route_lanes import RouteOptions
 from meshnet.bench.schema import Lane
 from meshnet.gateway.grammar.json_grammar import schema_grammar
+from meshnet.gateway.grammar.worst_cases import EXPONENTIAL_GBNF, enum_ways_schema
 
 WAN_DELAYS_MS = (5, 10, 25)  # one-way delay per link in the proxy WAN lanes
 SPECULATE = 8  # the most tokens the first hop drafts per step in the speculation lanes
@@ -26,19 +27,11 @@ BIG_MODEL_NODES = 4
 # The JSON lane's grammar: the document cannot end within a lane's new tokens, so each one is
 # drawn inside it (once a JSON answer is complete only end-of-generation tokens are allowed).
 OPEN_JSON_GRAMMAR = schema_grammar({"type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 64})
-# Issue 55: the worst grammars the bounds admit, sampled by one client at its limit of two
-# sessions beside the measured stream. What an API key can send (the converter's worst): an
-# array whose every item starts as one of 1,000 enum values sharing a long prefix (MAX_ENUM_WAYS),
-# so that its tokens are drawn with the most parse stacks the converter lets a grammar hold.
-HOSTILE_SCHEMA_GRAMMAR = schema_grammar({
-    "type": "array", "minItems": 1024,
-    "items": {"anyOf": [{"enum": [f"every-value-shares-this-prefix-{k}{i:03d}" for i in range(250)]}
-                        for k in range(4)]}})
-# What a client-role ticket holder can send: 300 one-character alternatives repeated (6 KB), whose
-# masking takes time exponential in a token's length; each draw ends at the last hop's sampling
-# budget (patch 0014), and the session with it.
-HOSTILE_GBNF_GRAMMAR = ("root ::= (" + " | ".join(f"a{i}" for i in range(300)) + ")*\n" +
-                        "".join(f"a{i} ::= [ -~]\n" for i in range(300)))
+# Issue 55: the worst grammars the bounds admit (gateway/grammar/worst_cases.py), sampled by one
+# client at its limit of two sessions beside the measured stream: what an API key can send (the
+# converter's worst, 1,000 enum values to start every array item from, at most 1,024 items so
+# that the answer goes on), and what a client-role ticket holder can send as raw GBNF.
+HOSTILE_SCHEMA_GRAMMAR = schema_grammar(enum_ways_schema(250, min_items=1024))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +135,7 @@ TABLE: tuple[LaneSpec, ...] = (
              "at its limit of two sessions sampling under a raw GBNF grammar whose every draw runs to the sampling "
              "budget, on the same last hop (issue 55): against gguf_ring_3_nodes, what it costs its neighbour",
              lambda g: g.route("gguf", g.k, concurrency=[1], ring=True,
-                               beside=Beside(HOSTILE_GBNF_GRAMMAR, label="300 one-character alternatives repeated "
+                               beside=Beside(EXPONENTIAL_GBNF, label="300 one-character alternatives repeated "
                                              "(exponential masking, a ticket holder's)")), group="hostile"),
     LaneSpec("gateway_3_nodes", "OpenAI-compatible gateway over a GGUF route of {k} nodes, vs the direct client",
              lambda g: g.bench.gateway(g.model, g.prompts, g.progress)),

@@ -25,6 +25,7 @@ from meshnet.gateway.constrained import tool_call_grammar
 from meshnet.gateway.grammar.json_grammar import json_object_grammar, schema_grammar
 from meshnet.gateway.grammar.json_grammar_cases import (NAMES, STRICT, STRICT_INVALID, STRICT_VALID, Ticket, fan_out, forms,
                                                 ticket_invalid, ticket_variants)
+from meshnet.gateway.grammar.worst_cases import enum_ways_schema
 from meshnet.text.tokenizer import GgufTokenizer
 from meshnet.gateway.tool_calls import ToolCallFamily
 
@@ -121,8 +122,7 @@ AT_THE_BOUNDS = [
      lambda: schema_grammar({"type": "array", "maxItems": 1024, "items": {"type": "string", "maxLength": 1024}})),
     ("256-value enum", lambda: schema_grammar({"enum": [f"value-{n}" for n in range(256)]})),
     # Issue 55: MAX_ENUM_WAYS values to start an array's every item from (1,000 parse stacks).
-    ("1,000 enum values sharing a prefix, per item", lambda: schema_grammar({"type": "array", "items": {"anyOf": [
-        {"enum": [f"every-value-shares-this-prefix-{k}{i:03d}" for i in range(250)]} for k in range(4)]}})),
+    ("1,000 enum values sharing a prefix, per item", lambda: schema_grammar(enum_ways_schema(250))),
     ("long names beside extra members", lambda: schema_grammar(
         {"type": "object", "properties": {f"{n:03d}" + "x" * 200: {"type": "integer"} for n in range(16)}})),
     ("awkward names beside extra members",

@@ -14,6 +14,13 @@ soak's tracker enrolling verifiers, ADR 0017), `report_flood` (one client key ma
 report more than its quota in a minute: the last is RESOURCE_EXHAUSTED), `billing_forgery` (a
 client names a gateway key's account: refused), `bad_key` (a wrong API key: 401),
 `oversized_prompt` (past the gateway's limit: 400).
+Issue 55 added: `grammar_budget` (a client-role ticket holder samples under a raw grammar whose
+every draw would take minutes: RESOURCE_EXHAUSTED at the last hop's sampling budget),
+`grammar_worst_schema` (an API key asks for the converter's worst schema, 1,000 enum values to
+start every item from: answered, within the key's limits), `grammar_past_bounds` (1,024 such
+values: 400 before any token), `many_addresses_tracker` and `many_addresses_gateway` (silent
+connections from 24 addresses, 127.0.1.1 to 127.0.1.24, 32 each (768 in all): the
+tracker's Coverage and the gateway's /v1/models still answer the honest host).
 """
 
 from __future__ import annotations
@@ -28,14 +35,18 @@ from urllib.parse import urlsplit
 import grpc
 import requests
 
+from meshnet.client.session import GenerationParams, MeshnetError, RouteClient
+from meshnet.gateway.grammar.worst_cases import EXPONENTIAL_GBNF, enum_ways_schema
 from meshnet.identity.keys import Identity
+from meshnet.process import raise_file_limit
 from meshnet.swarm.local import TrackerProcess
 from meshnet.tracker.ledger.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE
 from meshnet.wire import tracker as tt
 from meshnet.wire.status import StatusCode
 
 KINDS = ("idle_sockets", "silent_tracker_calls", "squat_route", "false_failure_report", "forged_verdict",
-         "minted_verifier", "report_flood", "billing_forgery", "bad_key", "oversized_prompt")
+         "minted_verifier", "report_flood", "billing_forgery", "bad_key", "oversized_prompt", "grammar_budget",
+         "grammar_worst_schema", "grammar_past_bounds", "many_addresses_tracker", "many_addresses_gateway")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +58,9 @@ class AttackResult:
 
 
 ATTACKER_ADDRESS = "127.0.0.2"  # another host than the honest load's 127.0.0.1: per-peer caps tell them apart
+# Many attacking hosts, each in another /24 than the honest load's 127.0.0.0/24 (the prefix caps'
+# unit): 24 hosts held the tracker's and the gateway's global caps before issue 55.
+MANY_ADDRESSES = tuple(f"127.0.1.{i}" for i in range(1, 25))
 
 
 def _raise_if_unreached(err: grpc.RpcError) -> None:
@@ -57,14 +71,16 @@ def _raise_if_unreached(err: grpc.RpcError) -> None:
 
 
 @contextlib.contextmanager
-def _silent_sockets(host: str, port: int, count: int):
+def _silent_sockets(host: str, port: int, count: int, sources: tuple[str, ...] = (ATTACKER_ADDRESS,)):
+    """`count` silent connections from each of `sources`."""
     socks = []
     try:
-        for _ in range(count):
-            try:
-                socks.append(socket.create_connection((host, port), timeout=2, source_address=(ATTACKER_ADDRESS, 0)))
-            except OSError:
-                break  # refused at the door is a bound holding too
+        for source in sources:
+            for _ in range(count):
+                try:
+                    socks.append(socket.create_connection((host, port), timeout=2, source_address=(source, 0)))
+                except OSError:
+                    break  # refused at the door is a bound holding too
         yield len(socks)
     finally:
         for s in socks:
@@ -78,6 +94,7 @@ class Attacker:
         self.gateway_url, self.api_key, self.model, self.tracker = gateway_url.rstrip("/"), api_key, model, tracker
         self.under_fault = under_fault
         self._http = requests.Session()
+        raise_file_limit()  # the many-address attacks hold 768 sockets at once
 
     def close(self) -> None:
         self._http.close()
@@ -177,6 +194,47 @@ class Attacker:
             "model": self.model, "messages": [{"role": "user", "content": "hi"}]},
             headers={"Authorization": f"Bearer sk-{Identity.generate().node_id}"}, timeout=30).status_code
         return code == 401, str(code)
+
+    def _many_addresses_tracker(self) -> tuple[bool, str]:
+        with _silent_sockets(self.tracker.host, self.tracker.port, 32, MANY_ADDRESSES) as opened:
+            time.sleep(1.0)
+            with self.tracker.client(timeout=5.0) as honest:
+                cover = honest.coverage(self.model)
+        return cover.status.ok, f"{opened} silent connections from {len(MANY_ADDRESSES)} hosts; Coverage answered " \
+                                f"{cover.status.code.name}"
+
+    def _many_addresses_gateway(self) -> tuple[bool, str]:
+        url = urlsplit(self.gateway_url)
+        with _silent_sockets(url.hostname, url.port, 32, MANY_ADDRESSES) as opened:
+            time.sleep(1.0)
+            code = self._honest_models()
+        return code == 200, f"{opened} silent connections from {len(MANY_ADDRESSES)} hosts; /v1/models answered {code}"
+
+    def _grammar_budget(self) -> tuple[bool, str]:
+        with self.tracker.client() as attacker:
+            try:
+                tokens = list(RouteClient(attacker, self.model).generate(
+                    [1, 504, 3458], GenerationParams(max_tokens=8, grammar=EXPONENTIAL_GBNF, route_wait=5.0)))
+            except MeshnetError as err:
+                return (err.status.code == StatusCode.RESOURCE_EXHAUSTED and "sampling budget" in err.status.message,
+                        f"{err.status.code.name}: {err.status.message[:120]}")
+        return False, f"served {len(tokens)} tokens"
+
+    def _schema_request(self, schema: dict) -> requests.Response:
+        return self._http.post(self.gateway_url + "/chat/completions", json={
+            "model": self.model, "messages": [{"role": "user", "content": "Pick values."}], "max_tokens": 16,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "values", "schema": schema}}},
+            headers={"Authorization": f"Bearer {self.api_key}"}, timeout=120)
+
+    def _grammar_worst_schema(self) -> tuple[bool, str]:
+        started = time.monotonic()
+        code = self._schema_request(enum_ways_schema(250)).status_code
+        # Answered, or refused for the key's rate or the swarm's capacity: never an error of the hop.
+        return code in (200, 429, 503), f"{code} in {time.monotonic() - started:.1f} s"
+
+    def _grammar_past_bounds(self) -> tuple[bool, str]:
+        reply = self._schema_request(enum_ways_schema(256))
+        return reply.status_code == 400 and "enum values" in reply.text, f"{reply.status_code}: {reply.text[:120]}"
 
     def _oversized_prompt(self) -> tuple[bool, str]:
         code = self._http.post(self.gateway_url + "/chat/completions", json={

@@ -28,6 +28,7 @@ from meshnet.gateway.grammar.json_grammar import (
     json_object_grammar,
     schema_grammar,
 )
+from meshnet.gateway.grammar.worst_cases import enum_ways_schema
 
 HOSTILE_SECONDS = 0.5
 
@@ -242,20 +243,14 @@ def test_leftmost_paths_bounded_as_llama_cpp_walks_them():
         schema_grammar(fan_in(10))
 
 
-def enums_in_any_of(groups: int, each: int = 256) -> dict:
-    """An array whose items are one of `groups` enums of `each` values sharing a long prefix."""
-    values = [[f"every-value-shares-this-prefix-{k}{i:03d}" for i in range(each)] for k in range(groups)]
-    return {"type": "array", "items": {"anyOf": [{"enum": v} for v in values]}}
-
-
 def test_enum_values_to_start_from_are_bounded():
     """Issue 55, finding 2: four enums of 250 values (1,000 parse stacks at an item's start) convert;
     four of 256 would pass llama.cpp's bound of 1,024 mid-answer and are refused first."""
-    grammar = compiled(schema_grammar(enums_in_any_of(4, 250)))
+    grammar = compiled(schema_grammar(enum_ways_schema(250)))
     assert grammar.matches('["every-value-shares-this-prefix-3249"]')
     assert not grammar.matches('["every-value-shares-this-prefix-3250"]')
     with pytest.raises(SchemaRefused, match=f"more than {MAX_ENUM_WAYS} enum values") as refused:
-        schema_grammar(enums_in_any_of(4))
+        schema_grammar(enum_ways_schema(256))
     assert refused.value.pointer == "#/items"
 
 
