@@ -18,16 +18,16 @@ from typing import Optional
 
 import grpc
 
-from meshnet.client.session import GenerationParams, RouteClient
+from meshnet.client.session import GenerationParams, MeshnetError, RouteClient
 from meshnet.protocol.tracker_client import TrackerClient
 
 
 @dataclasses.dataclass(frozen=True)
 class Beside:
-    grammar: str  # GBNF each of its tokens continues
+    grammar: str  # GBNF each of its tokens continues ("": plain decoding, the load alone)
     sessions: int = 2  # at once: one API key at its concurrency limit (the gateway's default)
     label: str = ""  # what the grammar is, for the report
-    max_tokens: int = 4096  # per session, before it opens again
+    max_tokens: int = 192  # per session, before it opens again (prompt and tokens within 256, the least KV a bench session has)
     prompt: tuple[int, ...] = tuple(range(1, 17))  # a short prompt: the cost measured is the grammar's
 
 
@@ -42,6 +42,7 @@ class BesideSessions:
         self.tokens = 0
         self.opened = 0
         self.endings: collections.Counter = collections.Counter()  # "complete" or the error's code / type
+        self.examples: dict[str, str] = {}  # the first message of each ending
         self._started_at: Optional[float] = None
         self._seconds = 0.0
 
@@ -66,22 +67,22 @@ class BesideSessions:
             session = RouteClient(self._tracker, "bench-model", client_id="beside", insecure=self._insecure)
             with self._lock:
                 self.opened += 1
-            ending = "complete"
+            ending, message = "complete", ""
             try:
                 for _ in session.generate(list(self._beside.prompt), params):
                     with self._lock:
                         self.tokens += 1
                     if self._stop.is_set():
                         break
+            except MeshnetError as e:
+                ending, message = e.status.code.name, e.status.message
             except grpc.RpcError as e:
-                ending = e.code().name if hasattr(e, "code") else type(e).__name__
+                ending, message = e.code().name, str(e.details())
             except Exception as e:  # noqa: BLE001 - how a hostile session ended is what is reported
-                ending = type(e).__name__
-                code = getattr(e, "code", None)
-                if isinstance(code, str):
-                    ending = code
+                ending, message = type(e).__name__, str(e)
             with self._lock:
                 self.endings[ending] += 1
+                self.examples.setdefault(ending, message[:300])
             if ending != "complete":
                 self._stop.wait(0.2)  # a refused session opens again, as an attacker's would
 
@@ -90,4 +91,5 @@ class BesideSessions:
             return {"label": self._beside.label, "sessions_at_once": self._beside.sessions,
                     "sessions_opened": self.opened, "tokens": self.tokens,
                     "tok_s": round(self.tokens / self._seconds, 2) if self._seconds else None,
-                    "endings": dict(self.endings), "grammar_bytes": len(self._beside.grammar.encode())}
+                    "endings": dict(self.endings), "examples": dict(self.examples),
+                    "grammar_bytes": len(self._beside.grammar.encode())}

@@ -131,6 +131,11 @@ TABLE: tuple[LaneSpec, ...] = (
              lambda g: g.route("gguf", g.k, concurrency=[1], ring=True,
                                beside=Beside(HOSTILE_SCHEMA_GRAMMAR, label="an array of 1,000 enum values sharing a "
                                              "prefix (the converter's worst)")), group="hostile"),
+    LaneSpec("gguf_ring_3_nodes_beside_plain", "GGUF route, {k} nodes, ring decode, one stream beside a client at "
+             "its limit of two sessions decoding without a grammar (a diagnostic, no contract check): the load two "
+             "sessions make by themselves, against which the grammar lanes' own cost reads",
+             lambda g: g.route("gguf", g.k, concurrency=[1], ring=True,
+                               beside=Beside("", label="no grammar (plain decoding)")), group="hostile"),
     LaneSpec("gguf_ring_3_nodes_beside_hostile_gbnf", "GGUF route, {k} nodes, ring decode, one stream beside a client "
              "at its limit of two sessions sampling under a raw GBNF grammar whose every draw runs to the sampling "
              "budget, on the same last hop (issue 55): against gguf_ring_3_nodes, what it costs its neighbour",
