@@ -21,6 +21,7 @@ Progress goes to stderr once a minute.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import random
@@ -44,6 +45,9 @@ from meshnet.swarm.local import LocalSwarm, TrackerProcess
 CUTS = [(0, 10), (10, 20), (20, 30)]
 MODEL = "smollm2"
 IDLE_DEADLINE_S = 60.0
+IDLE_CPU_WINDOW_S = 5.0  # once every hop is idle, each process is watched this long
+IDLE_CPU_MAX_S = 0.5  # and may use this much CPU in it (heartbeats, health probes)
+UNROUTABLE_DEADLINE_S = 60.0  # for every node to be routable again after the end
 BACKOFF_S = (0.5, 8.0)  # a refused client's first and longest wait (the OpenAI SDKs' defaults)
 
 
@@ -84,6 +88,25 @@ def processes(swarm: LocalSwarm, gateway: GatewayProcess) -> dict[str, int]:
             if worker is not None:
                 out[f"{name}-worker:{worker.pid}"] = worker.pid
     return out
+
+
+def busy_after(pids: dict[str, int]) -> dict[str, dict]:
+    """The processes of `pids` that used more than IDLE_CPU_MAX_S of CPU in IDLE_CPU_WINDOW_S once
+    the load stopped (issue 55: no thread left running a wedged draw or a stuck call), with their
+    CPU seconds in the window and their threads."""
+    procs = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            procs[name] = (p, sum(p.cpu_times()[:2]))
+    time.sleep(IDLE_CPU_WINDOW_S)
+    busy = {}
+    for name, (p, before) in procs.items():
+        with contextlib.suppress(psutil.Error):
+            spent = sum(p.cpu_times()[:2]) - before
+            if spent > IDLE_CPU_MAX_S:
+                busy[name] = {"cpu_s": round(spent, 2), "threads": p.num_threads()}
+    return busy
 
 
 class Soak:
@@ -168,9 +191,10 @@ class Soak:
         ended = time.monotonic()
         self.faults.settle()
         leaks = self._leaks()
+        idle = {"busy": busy_after(processes(self.swarm, self.gateway)), "unroutable": self._unroutable()}
         config = {k: v for k, v in vars(self.args).items() if k not in ("gguf", "worker_binary", "out")}
         summary = report.summarize(config, self.outcomes, self.faults.events, self.attacks, leaks,
-                                   report.rss_growth(self.rss), started, ended)
+                                   report.rss_growth(self.rss), started, ended, idle)
         rows = report.timeline(self.outcomes, started, ended)
         out = pathlib.Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -183,6 +207,27 @@ class Soak:
         self.load.close()
         self.attacker.close()
         return summary
+
+    def _unroutable(self) -> dict[str, str]:
+        """Nodes quarantined, or not routable UNROUTABLE_DEADLINE_S after the end (a ban a fault earned
+        has run out by then): no healthy node may be left out of routes."""
+        deadline = time.monotonic() + UNROUTABLE_DEADLINE_S
+        while True:
+            out: dict[str, str] = {}
+            try:
+                with self.swarm.tracker.client(timeout=5.0) as tracker:
+                    cover = tracker.coverage(MODEL)
+                routable = {n for layer in cover.layers for n in layer.node_ids}
+                for name, node_id in self.swarm.ids.items():
+                    if node_id in cover.quarantined_node_ids:
+                        out[name] = "quarantined"
+                    elif node_id not in routable:
+                        out[name] = "not routable"
+            except Exception as err:  # the tracker not answering is reported, never passed
+                out = {"tracker": f"{type(err).__name__}: {str(err)[:100]}"}
+            if not out or time.monotonic() > deadline or "quarantined" in out.values():
+                return out
+            time.sleep(2.0)
 
     def _leaks(self) -> dict:
         """Hops not idle IDLE_DEADLINE_S after the load stopped (every node back up first)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import pathlib
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 from meshnet.soak.attacks import AttackResult
 from meshnet.soak.faults import FaultEvent
@@ -61,7 +61,9 @@ def rss_growth(samples: dict[str, list[tuple[float, int]]], warmup_s: float = RS
 
 def summarize(config: dict, outcomes: Sequence[Outcome], faults: Iterable[FaultEvent],
               attacks: Sequence[AttackResult], leaks: dict, rss: dict[str, dict], started: float,
-              ended: float) -> dict:
+              ended: float, idle: Optional[dict] = None) -> dict:
+    """`idle`: what soak/main.py found once the load stopped ({"busy": processes still using CPU,
+    "unroutable": nodes left out of routes}); None where it was not looked at."""
     by_kind = collections.defaultdict(collections.Counter)
     for o in outcomes:
         by_kind[o.kind][o.status] += 1
@@ -76,6 +78,9 @@ def summarize(config: dict, outcomes: Sequence[Outcome], faults: Iterable[FaultE
         "rss_bounded": all(r["growth"] <= RSS_GROWTH_MAX for r in rss.values()),
         "attacks_held": all(c["not_held"] == 0 for c in attack_counts.values()),
     }
+    if idle is not None:
+        checks["idle_after_end"] = not idle["busy"]
+        checks["every_node_routable_after_end"] = not idle["unroutable"]
     return {
         "config": config,
         "seconds": round(ended - started, 1),
@@ -93,6 +98,8 @@ def summarize(config: dict, outcomes: Sequence[Outcome], faults: Iterable[FaultE
         "attacks_not_held": [{"kind": a.kind, "at_s": round(a.at - started, 1), "detail": a.detail}
                              for a in attacks if not a.held][:20],
         "leaks_after_end": leaks,
+        "busy_after_end": (idle or {}).get("busy"),
+        "unroutable_after_end": (idle or {}).get("unroutable"),
         "rss": rss,
         "rss_growth_max": RSS_GROWTH_MAX,
         "checks": checks,

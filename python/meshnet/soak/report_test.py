@@ -19,10 +19,10 @@ def outcomes(wrong: bool = False) -> list[Outcome]:
 def summary(**changes) -> dict:
     args = {"outcomes": outcomes(), "faults": [FaultEvent("kill9_node", "node-1", STARTED + 11, STARTED + 20)],
             "attacks": [AttackResult(STARTED + 3, "bad_key", True, "401")], "leaks": {},
-            "rss": {"tracker:1": {"growth": 1.1}}}
+            "rss": {"tracker:1": {"growth": 1.1}}, "idle": {"busy": {}, "unroutable": {}}}
     args.update(changes)
     return report.summarize({}, args["outcomes"], args["faults"], args["attacks"], args["leaks"], args["rss"],
-                            STARTED, STARTED + 30)
+                            STARTED, STARTED + 30, args["idle"])
 
 
 def test_a_clean_run_passes_and_counts_what_it_served():
@@ -39,6 +39,10 @@ def test_each_check_fails_on_what_it_guards():
     failed = summary(attacks=[AttackResult(STARTED + 3, "squat_route", False, "renewal OK")])
     assert failed["checks"]["attacks_held"] is False and not failed["passed"]
     assert failed["attacks_not_held"] == [{"kind": "squat_route", "at_s": 3.0, "detail": "renewal OK"}]
+    busy = summary(idle={"busy": {"node-0-worker:9": {"cpu_s": 4.9, "threads": 40}}, "unroutable": {}})
+    assert busy["checks"]["idle_after_end"] is False and not busy["passed"]
+    banned = summary(idle={"busy": {}, "unroutable": {"node-1": "quarantined"}})
+    assert banned["checks"]["every_node_routable_after_end"] is False and not banned["passed"]
 
 
 def test_the_timeline_bins_by_ten_seconds():
