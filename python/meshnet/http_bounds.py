@@ -24,7 +24,6 @@ on the server's event loop thread: no locks.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 from typing import Optional
 
@@ -32,7 +31,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from meshnet.peers import peer_prefix
+from meshnet.peers import ConnectionCaps, ConnectionCounts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,24 +51,17 @@ class HttpBounds:
                 or min(self.reserved_per_prefix, self.overflow) < 0:
             raise ValueError(f"HTTP bounds must be positive: {self}")
 
-
-@dataclasses.dataclass
-class ConnectionCounts:
-    """What a bounded server has seen (read by tests and metrics)."""
-
-    open: int = 0
-    per_peer: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    per_prefix: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    refused_peer: int = 0  # closed at accept: the peer was at max_per_peer
-    refused_prefix: int = 0  # closed at accept: the peer's prefix was at max_per_prefix
-    refused_total: int = 0  # closed at accept: the server was full, past the prefix's reserved share
-    timed_out: int = 0  # closed for not completing a request in time
+    @property
+    def caps(self) -> ConnectionCaps:
+        return ConnectionCaps(self.max_connections, self.max_per_peer, self.max_per_prefix,
+                              self.reserved_per_prefix, self.overflow)
 
 
 def bounded_protocol(bounds: HttpBounds, counts: Optional[ConnectionCounts] = None) -> type:
     """An H11Protocol subclass enforcing `bounds`' connection caps and request deadline, with
     its own `counts` (a fresh ConnectionCounts if None; the class's `counts` attribute)."""
     shared = counts if counts is not None else ConnectionCounts()
+    caps = bounds.caps
 
     class BoundedH11Protocol(H11Protocol):
         counts = shared
@@ -78,31 +70,14 @@ def bounded_protocol(bounds: HttpBounds, counts: Optional[ConnectionCounts] = No
             super().connection_made(transport)
             self._deadline: Optional[asyncio.TimerHandle] = None
             self._peer = self.client[0] if self.client else ""
-            self._prefix = peer_prefix(self._peer)
-            shared.open += 1
-            shared.per_peer[self._peer] += 1
-            shared.per_prefix[self._prefix] += 1
-            full = shared.open > bounds.max_connections
-            if shared.per_peer[self._peer] > bounds.max_per_peer:
-                shared.refused_peer += 1
-                transport.abort()
-            elif shared.per_prefix[self._prefix] > bounds.max_per_prefix:
-                shared.refused_prefix += 1
-                transport.abort()
-            elif full and (shared.per_prefix[self._prefix] > bounds.reserved_per_prefix
-                           or shared.open > bounds.max_connections + bounds.overflow):
-                shared.refused_total += 1
+            if shared.admit(caps, self._peer) is not None:
                 transport.abort()
             else:
                 self._arm()
 
         def connection_lost(self, exc: Optional[Exception]) -> None:
             self._disarm()
-            shared.open -= 1
-            for counter, key in ((shared.per_peer, self._peer), (shared.per_prefix, self._prefix)):
-                counter[key] -= 1
-                if counter[key] <= 0:
-                    del counter[key]
+            shared.release(self._peer)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:

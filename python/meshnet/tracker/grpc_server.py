@@ -21,6 +21,10 @@ every thread, so Coverage timed out and every node's lease lapsed. Here:
   `max_calls`, and node methods wait under caps apart from everyone else's; `node_reserve` of
   `max_calls` is kept for node methods, so that no number of clients starves heartbeats.
 
+Issue 55, finding 4: the public port is a `ConnectionFront` (connection_front.py), which caps
+connections per peer, per prefix and in all before reading from them; the gRPC server itself
+listens on loopback, and the front tells the calls' caps which peer each connection came from.
+
 `TrackerServer` keeps the synchronous server's surface its callers use: `port`, and
 `stop(grace)` returning an event to `.wait()` on.
 """
@@ -31,6 +35,8 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import logging
+import resource
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +46,11 @@ import grpc
 
 from meshnet.identity import requests
 from meshnet.identity import tls as tls_material
-from meshnet.peers import peer_prefix
+from meshnet.peers import ConnectionCaps, peer_prefix
+from meshnet.tracker.connection_front import UPSTREAM_HOST, ConnectionFront
 from meshnet.tracker.v1 import tracker_pb2_grpc
+
+log = logging.getLogger("meshnet.tracker.grpc_server")
 
 SERVICE = "meshnet.tracker.v1.Tracker"
 NODE_METHODS = frozenset({"Register", "Heartbeat", "Drain", "Deregister", "ReportWork"})
@@ -69,6 +78,8 @@ class ServerLimits:
     node_reserve: int = 256  # of max_calls, kept for node methods (other calls: max_calls - node_reserve)
     handshake_timeout: float = 5.0  # seconds a connection has to finish its TLS handshake (gRPC's default: 120)
     connection_idle: float = 300.0  # seconds a connection with no call in progress is kept (then GOAWAY)
+    connections: ConnectionCaps = ConnectionCaps(max_connections=2048, max_per_peer=64, max_per_prefix=256,
+                                                 reserved_per_prefix=4, overflow=256)  # on the public port
 
 
 def peer_address(peer: str) -> str:
@@ -101,8 +112,10 @@ class _Gate(grpc.aio.ServerInterceptor):
     role is answered at once, without its message (it has none worth waiting for)."""
 
     def __init__(self, method_roles: Mapping[str, frozenset[str]], role_of: Callable[[str], Optional[str]],
-                 on_refused: Callable[[str, Refused, float], None], limits: ServerLimits) -> None:
+                 on_refused: Callable[[str, Refused, float], None], limits: ServerLimits,
+                 peer_of: Callable[[str], str] = peer_address) -> None:
         self._roles, self._role_of, self._on_refused, self._limits = method_roles, role_of, on_refused, limits
+        self.peer_of = peer_of  # gRPC's peer string -> the address that connected
         self._in_progress: collections.Counter = collections.Counter()  # per peer; the loop thread only
         self._per_prefix = _Counts()  # calls in progress per prefix
         self._others = _Counts()  # calls in progress that are not node methods (per prefix)
@@ -150,7 +163,7 @@ class _Gate(grpc.aio.ServerInterceptor):
         return None
 
     async def _bounded(self, method: str, behaviour, request_iterator, context: grpc.aio.ServicerContext):
-        peer = peer_address(context.peer())
+        peer = self.peer_of(context.peer())
         prefix, node = peer_prefix(peer), method in NODE_METHODS
         why = self._over(method, peer, prefix)
         if why is not None:
@@ -258,9 +271,15 @@ class TrackerServer:
                                                 ("grpc.server_handshake_timeout_ms", int(limits.handshake_timeout * 1000)),
                                                 ("grpc.max_connection_idle_ms", int(limits.connection_idle * 1000))])
         tracker_pb2_grpc.add_TrackerServicer_to_server(self._servicer, self._server)
-        port = tls_material.bind(self._server, listen, tls)
+        upstream = tls_material.bind(self._server, f"{UPSTREAM_HOST}:0", tls)
         await self._server.start()
-        return port
+        self.front = ConnectionFront(within_file_limit(limits.connections), upstream, peer_address)
+        self._gate.peer_of = self.front.peer_of
+        try:
+            return await self.front.start(listen)
+        except BaseException:
+            await self._server.stop(None)
+            raise
 
     def stop(self, grace: Optional[float] = None) -> threading.Event:
         """Stops serving (calls in progress get `grace` seconds); the event is set once stopped."""
@@ -269,6 +288,7 @@ class TrackerServer:
 
             async def stop() -> None:
                 try:
+                    await self.front.stop()
                     await self._server.stop(grace)
                 finally:
                     self._servicer.shutdown()
@@ -277,3 +297,21 @@ class TrackerServer:
 
             asyncio.run_coroutine_threadsafe(stop(), self._loop)
         return self._stopped
+
+
+FDS_PER_CONNECTION = 3  # the peer's socket and the front's to the server, and the server's end of that
+FDS_KEPT = 256  # descriptors left for everything else (the ledger, probes, logs, the HTTP surface)
+
+
+def within_file_limit(caps: ConnectionCaps) -> ConnectionCaps:
+    """`caps`, with max_connections lowered (and a warning) where the soft file limit cannot hold
+    them all, so that a full front never takes the descriptors the tracker needs itself."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return caps
+    room = max(1, (soft - FDS_KEPT) // FDS_PER_CONNECTION - caps.overflow)
+    if room >= caps.max_connections:
+        return caps
+    log.warning("the file limit (%d) holds %d connections on the tracker's port, not %d: raise the hard limit",
+                soft, room, caps.max_connections)
+    return dataclasses.replace(caps, max_connections=room)

@@ -31,6 +31,7 @@ stop it gracefully; logs are JSON lines on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from meshnet.identity.roles import ROLES
 from meshnet.process import log, raise_file_limit, stop_on_signals, write_port_file
 from meshnet.relay.server import RelayServer
 from meshnet.tracker.audits import DEFAULT_QUORUM, DEFAULT_RATE, Audits, quorum_warning
+from meshnet.tracker.grpc_server import ServerLimits
 from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.ledger.ledger_postgres import is_postgres_url
 from meshnet.tracker.ledger.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE, DEFAULT_MAX_ROUTES, Principals
@@ -80,6 +82,14 @@ def load_roles(path: Path) -> dict[str, str]:
     if not isinstance(roles, dict) or not all(isinstance(v, str) for v in roles.values()):
         raise SystemExit(f"tracker: {path} must map roles {ROLES} to token strings")
     return roles
+
+
+def server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The gRPC server's limits, with the connection caps of the command line."""
+    limits = ServerLimits()
+    return dataclasses.replace(limits, connections=dataclasses.replace(
+        limits.connections, max_connections=args.max_connections, max_per_peer=args.max_connections_per_peer,
+        max_per_prefix=args.max_connections_per_prefix))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,6 +147,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="routes one key may hold open at once, unless its enrolment names its own quota")
     parser.add_argument("--failure-reports-per-minute", type=int, default=DEFAULT_FAILURE_REPORTS_PER_MINUTE,
                         help="failure reports one key may make in any minute (or two per route it holds, if more)")
+    caps = ServerLimits().connections
+    parser.add_argument("--max-connections", type=int, default=caps.max_connections,
+                        help="connections open on the gRPC port in all (lowered to what the file limit holds)")
+    parser.add_argument("--max-connections-per-peer", type=int, default=caps.max_per_peer,
+                        help="connections open on the gRPC port from one IP address")
+    parser.add_argument("--max-connections-per-prefix", type=int, default=caps.max_per_prefix,
+                        help="connections open on the gRPC port from one /24 (IPv4) or /64 (IPv6)")
     parser.add_argument("--etcd", metavar="HOST:PORT,...",
                         help="keep the tracker state in this etcd cluster (its members' client addresses), shared "
                         "with the other trackers on it (ADR 0011); default: in memory, this tracker alone")
@@ -204,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         server, port = serve(registry, ledger, args.listen, roles, ticket_key, tls=tls,
                              ticket_seconds=args.ticket_seconds, metrics=metrics,
-                             check_reachability=args.check_reachability, audits=audits[0], principals=principals)
+                             check_reachability=args.check_reachability, audits=audits[0], principals=principals,
+                             limits=server_limits(args))
         http = web.serve(metrics, args.http_listen) if args.http_listen else None
         relay = None
         if args.relay:
