@@ -48,11 +48,14 @@ def tracker_addresses(address: str) -> list[str]:
 
 class TrackerClient:
     def __init__(self, address: str | Sequence[str], token: str, identity: Identity, *,
-                 tracker_ca: Optional[bytes] = None, timeout: float = 10.0) -> None:
+                 tracker_ca: Optional[bytes] = None, timeout: float = 10.0, tls_name: Optional[str] = None) -> None:
+        # tls_name: the name the tracker's certificate is checked for instead of the address's host
+        # (for a certificate trusted by its pin, issue 50); None checks the host dialed.
         self.addresses = tracker_addresses(address) if isinstance(address, str) else list(address)
         credentials = None if tracker_ca is None else grpc.ssl_channel_credentials(root_certificates=tracker_ca)
-        self._channels = [grpc.insecure_channel(a) if credentials is None else grpc.secure_channel(a, credentials)
-                          for a in self.addresses]
+        options = [("grpc.ssl_target_name_override", tls_name)] if tls_name else []
+        self._channels = [grpc.insecure_channel(a) if credentials is None
+                          else grpc.secure_channel(a, credentials, options=options) for a in self.addresses]
         self._stubs = [tracker_pb2_grpc.TrackerStub(c) for c in self._channels]
         self._current = 0  # the tracker calls go to; moves on UNAVAILABLE
         self._lock = threading.Lock()
@@ -137,6 +140,10 @@ class TrackerClient:
 
     def report_audit(self, report: tt.ReportAuditRequest) -> tt.ReportAuditReply:
         return self._call("ReportAudit", report)
+
+    def redeem_invite(self, invite_id: str, secret: bytes) -> tt.RedeemInviteReply:
+        """Binds an invite's role to this client's key (signed with it; no role token needed)."""
+        return self._call("RedeemInvite", tt.RedeemInviteRequest(invite_id, secret))
 
     def tracker_key(self) -> bytes:
         """The tracker's ticket key (trust it only over TLS)."""

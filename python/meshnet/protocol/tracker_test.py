@@ -46,6 +46,8 @@ SAMPLES = [
     tt.RenewRouteReply(OK, 60000),
     tt.TrackerKeyRequest(),
     tt.TrackerKeyReply(OK, b"t" * 32),
+    tt.RedeemInviteRequest("0a1b2c3d4e5f", b"s" * 32),
+    tt.RedeemInviteReply(OK, "node", "token"),
     tt.TakeAuditRequest("sha256:" + "a" * 64),
     tt.TakeAuditReply(OK, tt.AuditJob(7, SESSION, "smollm2-135m-instruct", (tt.Hop(NODE, tt.LayerRange(0, 10)),),
                                       (AuditTicket(b"audit body", b"a" * 64),),

@@ -54,6 +54,9 @@ log = logging.getLogger("meshnet.tracker.grpc_server")
 
 SERVICE = "meshnet.tracker.v1.Tracker"
 NODE_METHODS = frozenset({"Register", "Heartbeat", "Drain", "Deregister", "ReportWork"})
+# Methods that need no role token and still read their message, under the bounds of every other
+# call (a public method, TrackerKey, is answered without reading it).
+OPEN_METHODS = frozenset({"RedeemInvite"})
 
 
 class Refused(Exception):
@@ -135,7 +138,7 @@ class _Gate(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or handler.unary_unary is None:
             return handler
-        if method not in self._roles:  # public: answered from an empty request, its message never read
+        if method not in self._roles and method not in OPEN_METHODS:  # public: its message never read
             behaviour = functools.partial(self._public, handler.unary_unary, handler.request_deserializer(b""))
         else:
             behaviour = functools.partial(self._bounded, method, handler.unary_unary)
@@ -242,7 +245,7 @@ def _method(name: str):
 
 
 for _name in (*NODE_METHODS, "Coverage", "OpenRoute", "ReportFailure", "CloseRoute", "RenewRoute", "TakeAudit",
-              "ReportAudit", "TrackerKey"):
+              "ReportAudit", "TrackerKey", *OPEN_METHODS):
     setattr(_AsyncTracker, _name, _method(_name))
 
 

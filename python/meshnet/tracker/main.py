@@ -1,5 +1,8 @@
-"""`bazel run //python:tracker -- --listen HOST:PORT (--db PATH | --ledger URL) --models FILE
---roles-file FILE --ticket-key FILE (--tls-cert C --tls-key K | --insecure)`: runs the tracker.
+"""`bazel run //python:tracker -- --init DIR [--listen HOST:PORT] [--advertise HOST]`: makes a
+tracker's every file in DIR (state_dir.py), serves, and prints its address and its certificate's
+SHA-256; `--state DIR` serves from DIR again (issue 50). The manual path names each file:
+`--listen HOST:PORT (--db PATH | --ledger URL) --models FILE --roles-file FILE --ticket-key FILE
+(--tls-cert C --tls-key K | --insecure)`; with --state, a file flag given replaces DIR's file.
 
 The work ledger is a SQLite file (`--db PATH`, created if missing: one tracker) or a PostgreSQL
 database (`--ledger postgresql://USER@HOST:PORT/DATABASE`), which every tracker of a replicated
@@ -34,6 +37,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import Optional
 
 from meshnet.identity.keys import Identity
 from meshnet.identity.roles import ROLES
@@ -49,6 +53,7 @@ from meshnet.tracker.prefill_grace import DEFAULT_GRACE_SECONDS, check_grace
 from meshnet.tracker.probe import health_fails
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import TICKET_SECONDS, serve
+from meshnet.tracker.state_dir import StateDir, certificate_names, certificate_sha256, init
 from meshnet.tracker.store import etcd_client
 from meshnet.tracker.store.etcd_store import DEFAULT_PREFIX, EtcdStore
 from meshnet.tracker.store.state_store import StoreError
@@ -84,6 +89,38 @@ def load_roles(path: Path) -> dict[str, str]:
     return roles
 
 
+def apply_state(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Optional[StateDir]:
+    """With --init or --state, the state directory (made first with --init), and every file flag
+    not given set to its file there; without, checks the hand-made files are all named."""
+    if args.force and not args.init:
+        parser.error("--force goes with --init")
+    if args.init is None and args.state is None:
+        if args.roles_file is None or args.ticket_key is None or (args.db is None and args.ledger is None):
+            parser.error("--roles-file, --ticket-key and --db (or --ledger) are required, or --init DIR makes them")
+        return None
+    if args.insecure:
+        parser.error("--init and --state serve TLS with their own certificate; --insecure is for hand-made "
+                     "loopback swarms")
+    state = StateDir(args.init or args.state)
+    if args.init is not None:
+        listen_host = args.listen.rpartition(":")[0].strip("[]")
+        try:
+            replaced = init(state, *certificate_names(listen_host, args.advertise), force=args.force)
+        except (FileExistsError, OSError) as err:
+            parser.error(f"--init: {err}")
+        log("state_made", directory=str(state.root), replaced=[str(p) for p in replaced])
+    elif state.missing():
+        parser.error(f"--state {state.root}: not a tracker's state directory, missing "
+                     f"{', '.join(p.name for p in state.missing())} (make one with --init DIR)")
+    args.roles_file = args.roles_file or state.roles
+    args.ticket_key = args.ticket_key or state.ticket_key
+    args.tls_cert, args.tls_key = args.tls_cert or state.tls_cert, args.tls_key or state.tls_key
+    args.models = args.models or state.models
+    if args.db is None and args.ledger is None:
+        args.db = state.ledger
+    return state
+
+
 def server_limits(args: argparse.Namespace) -> ServerLimits:
     """The gRPC server's limits, with the connection caps of the command line."""
     limits = ServerLimits()
@@ -95,7 +132,16 @@ def server_limits(args: argparse.Namespace) -> ServerLimits:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Meshnet tracker")
     parser.add_argument("--listen", default="127.0.0.1:7700", help="host:port (port 0 picks one)")
-    ledger_at = parser.add_mutually_exclusive_group(required=True)
+    state_at = parser.add_mutually_exclusive_group()
+    state_at.add_argument("--init", type=Path, metavar="DIR",
+                          help="make everything a tracker needs in DIR (role tokens, ticket key, TLS certificate and "
+                          "key, ledger, models list; mode 0600), then serve from it; an existing file is an error "
+                          "unless --force")
+    state_at.add_argument("--state", type=Path, metavar="DIR", help="serve from a directory --init made")
+    parser.add_argument("--force", action="store_true", help="with --init: replace the files DIR already holds")
+    parser.add_argument("--advertise", action="append", default=[], metavar="HOST",
+                        help="with --init: a name or address peers dial (put in the certificate; repeatable)")
+    ledger_at = parser.add_mutually_exclusive_group()
     ledger_at.add_argument("--db", type=Path, help="SQLite work ledger (created if missing)")
     ledger_at.add_argument("--ledger", metavar="URL",
                            help="PostgreSQL work ledger, postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE (tables created "
@@ -104,8 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", type=Path, help="JSON list of certified models")
     parser.add_argument("--allow-uncertified", action="store_true",
                         help="serve models.json entries without a passed certification (local test swarms only)")
-    parser.add_argument("--roles-file", required=True, type=Path, help="JSON: role -> bearer token")
-    parser.add_argument("--ticket-key", required=True, type=Path, help="Ed25519 ticket key (created if absent)")
+    parser.add_argument("--roles-file", type=Path, help="JSON: role -> bearer token (default with --state: its own)")
+    parser.add_argument("--ticket-key", type=Path, help="Ed25519 ticket key (created if absent; default with --state: "
+                        "its own)")
     parser.add_argument("--ticket-seconds", type=float, default=TICKET_SECONDS, help="route ticket lifetime")
     parser.add_argument("--lease-seconds", type=float, default=10.0, help="node lease (heartbeat within it)")
     parser.add_argument("--route-lease-seconds", type=float, default=60.0,
@@ -166,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--etcd-key", type=Path, help="the private key of --etcd-cert")
     args = parser.parse_args(argv)
     raise_file_limit()  # before anything listens
+    state = apply_state(parser, args)
 
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
@@ -237,6 +285,9 @@ def main(argv: list[str] | None = None) -> None:
     warning = quorum_warning(args.audit_rate, args.audit_quorum, principals)
     if warning:
         log("audit_quorum_warning", warning=warning)
+    if state is not None:
+        print(f"tracker listening on {args.listen.rpartition(':')[0]}:{port}\n"
+              f"certificate {certificate_sha256(tls[0])}\nstate {state.root}", flush=True)
     if http is not None:
         write_port_file(args.http_port_file, http.port)
     if relay is not None:

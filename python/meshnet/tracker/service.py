@@ -34,6 +34,7 @@ from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
 from meshnet.tracker.audits import Audits
 from meshnet.tracker.grpc_server import Refused, ServerLimits, TrackerServer
+from meshnet.tracker.ledger.invites import InviteRefused
 from meshnet.tracker.ledger.ledger import Ledger, WorkRefused
 from meshnet.tracker.ledger.principals import Principals
 from meshnet.tracker.metrics import TrackerMetrics
@@ -114,6 +115,11 @@ class TrackerService:
         except Refused as refused:
             self.refused(method, refused, started)
             raise
+        return self._respond(method, request, caller, reply_cls, work, started)
+
+    def _respond(self, method: str, request, caller: bytes, reply_cls: type, work: Callable[[Any, bytes], Any],
+                 started: float):
+        """The reply of `work` to an authenticated request, every failure a Status."""
         try:
             native = codec.from_proto(request)
             reply = work(native, caller)
@@ -273,6 +279,31 @@ class TrackerService:
 
     def TrackerKey(self, request, context):  # noqa: N802
         return codec.to_proto(tt.TrackerKeyReply(Status(StatusCode.OK), self._ticket_key.public_key))
+
+    def RedeemInvite(self, request, context):  # noqa: N802
+        """No role token: the invite is the credential. The request must still be signed, by the
+        key the invite's role is bound to (ledger/invites.py)."""
+        started = time.perf_counter()
+        try:
+            caller = requests.verify_request(tuple(context.invocation_metadata() or ()), "RedeemInvite",
+                                             request.SerializeToString(deterministic=True))
+        except requests.RequestAuthError as err:
+            self.refused("RedeemInvite", Refused(grpc.StatusCode.UNAUTHENTICATED, str(err)), started)
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
+
+        def work(req: tt.RedeemInviteRequest, caller: bytes) -> tt.RedeemInviteReply:
+            try:
+                role = self._ledger.redeem_invite(req.invite_id, req.secret, caller)
+            except InviteRefused as refused:
+                log("invite_refused", invite=req.invite_id[:16], key=keys.principal(caller), reason=str(refused))
+                return tt.RedeemInviteReply(Status(StatusCode.PERMISSION_DENIED, str(refused)))
+            token = self._tokens.get(role)
+            if token is None:
+                return tt.RedeemInviteReply(Status(StatusCode.NOT_FOUND, f"this tracker serves no {role} role"))
+            self._principals.sync(self._ledger.enrolments())  # an enrolment it made counts from this call on
+            log("invite_redeemed", invite=req.invite_id, role=role, key=keys.principal(caller))
+            return tt.RedeemInviteReply(Status(StatusCode.OK), role, token)
+        return self._respond("RedeemInvite", request, caller, tt.RedeemInviteReply, work, started)
 
     def _issued(self, reply: tt.RouteReply, client_key: bytes, expected_tokens: int, client_id: str) -> tt.RouteReply:
         """`reply` ticketed (below); when the ledger cannot record it, the route is withdrawn (its

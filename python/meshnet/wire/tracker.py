@@ -260,6 +260,19 @@ class TrackerKeyReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class RedeemInviteRequest:
+    invite_id: str = ""  # the invite's public half
+    secret: bytes = b""  # its secret half (the tracker keeps only a hash)
+
+
+@dataclasses.dataclass(frozen=True)
+class RedeemInviteReply:
+    status: Optional[Status]
+    role: str = ""  # the role the invite bound to the caller's key
+    role_token: str = ""  # that role's bearer token
+
+
+@dataclasses.dataclass(frozen=True)
 class TakeAuditRequest:
     model_artifact: str = ""  # only audits of a model certified from this artifact ("" any)
     compute_backends: tuple[str, ...] = ()  # what the verifier replays (ADR 0015; () = ("cpu",))

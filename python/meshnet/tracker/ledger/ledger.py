@@ -6,7 +6,8 @@ tracker/metrics.py) for totals; and from the command line:
   python -m meshnet.tracker.ledger.ledger (--db tracker.db | --ledger postgresql://...) totals [by-node | by-client]
   python -m meshnet.tracker.ledger.ledger (--db tracker.db | --ledger postgresql://...) release NODE_ID
 It also keeps the operator's enrolled principals (tracker/ledger/principals.py, ADR 0017): the accounts
-that quotas and billing attach to live beside the bill.
+that quotas and billing attach to live beside the bill; and the invites that enrol them
+(tracker/ledger/invites.py, issue 50).
 Each issued triple carries the route's client_id (as its opener named it: a gateway opens routes
 as "key:<API key name>"), so work is attributed per node and per client.
 This module holds the rules; a store holds the rows (ledger_store.py): a SQLite file, the
@@ -35,6 +36,8 @@ from typing import Iterable, Optional, Sequence
 from meshnet.tracker.ledger.ledger_postgres import PostgresLedgerStore, is_postgres_url
 from meshnet.tracker.ledger.ledger_sqlite import SqliteLedgerStore
 from meshnet.tracker.ledger.ledger_store import LedgerStore, LedgerUnavailable, Sql
+from meshnet.tracker.ledger import invites
+from meshnet.tracker.ledger.invites import InviteRecord
 from meshnet.tracker.ledger.principals import Enrolment
 from meshnet.wire.status import StatusCode
 from meshnet.wire.tracker import WorkEntry
@@ -255,6 +258,22 @@ class Ledger:
         rows = self._store.read(lambda sql: sql.execute(
             "SELECT public_key, role, name, max_routes, enrolled_at FROM principals ORDER BY enrolled_at").fetchall())
         return [Enrolment(bytes.fromhex(key), role, name, max_routes, at) for key, role, name, max_routes, at in rows]
+
+    def add_invite(self, record: InviteRecord) -> None:
+        self._store.write(lambda sql: invites.add(sql, record))
+
+    def invites(self) -> list[InviteRecord]:
+        """Every invite, newest first."""
+        return self._store.read(invites.listed)
+
+    def revoke_invite(self, invite_id: str) -> int:
+        """1 when the invite was open (now revoked), 0 when there was none to revoke."""
+        return self._store.write(lambda sql: invites.revoke(sql, invite_id, time.time()))
+
+    def redeem_invite(self, invite_id: str, secret: bytes, public_key: bytes) -> str:
+        """The invite's role, bound to `public_key` (invites.redeem); InviteRefused otherwise."""
+        return self._store.write(lambda sql: invites.redeem(sql, invite_id, secret, public_key, time.time(),
+                                                            self._store.row_lock))
 
     def sessions(self) -> set[str]:
         return self._store.read(lambda sql: {row[0] for row in sql.execute("SELECT DISTINCT session_id FROM work")})

@@ -6,7 +6,8 @@ same on both; the schema holds them a second time, so a write that breaks them f
 - `issued`: one row per (session, epoch, node) a tracker handed out, with its token cap;
 - `reports`: one row per (node, report id) counted; every `work` row references its report and
   its issued triple (foreign keys), and token counts are never negative (CHECKs);
-- `deliveries`, `audits`, `quarantine`, `withheld`, `principals`: see ledger.py.
+- `deliveries`, `audits`, `quarantine`, `withheld`, `principals`: see ledger.py;
+- `invites`, `redemptions`: see invites.py.
 SCHEMA_VERSION is what a SQLite file records (PRAGMA user_version) once it has this schema; files
 from before it (version 0) are moved to it on open (ledger_sqlite.py).
 """
@@ -96,6 +97,22 @@ TABLES: tuple[tuple[str, str], ...] = (
     max_routes {bigint} NOT NULL,
     enrolled_at {double} NOT NULL,
     PRIMARY KEY (public_key, role)
+"""),
+    ("invites", """
+    invite_id TEXT PRIMARY KEY,
+    secret_sha256 TEXT NOT NULL,
+    role TEXT NOT NULL,
+    uses {bigint} NOT NULL CHECK (uses >= 1),
+    used {bigint} NOT NULL DEFAULT 0 CHECK (used >= 0 AND used <= uses),
+    expires_at {double} NOT NULL,
+    created_at {double} NOT NULL,
+    revoked_at {double}
+"""),
+    ("redemptions", """
+    invite_id TEXT NOT NULL REFERENCES invites,
+    public_key TEXT NOT NULL,
+    redeemed_at {double} NOT NULL,
+    PRIMARY KEY (invite_id, public_key)
 """),
 )
 

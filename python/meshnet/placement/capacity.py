@@ -1,0 +1,131 @@
+"""How many layers of one model each candidate node can take under a bottleneck: the arrays
+the chain search (chain.py) counts with.
+
+A `Pool` is one model against a set of candidate nodes, one row per (node, device). A stage on
+row r holding x layers takes `hop[r] + x * layer_seconds[r]` seconds per token, plus
+`head_seconds[r]` if it is the last stage (the output head is read once per token), and needs
+`x * layer_memory + embedding (first stage) + head (last stage)` bytes on that device, where
+`layer_memory` is a layer's weights plus the KV cells the targets reserve. Layers are counted as
+the model's largest (bytes and KV), so a count that fits fits whichever layers it is given: the
+counts are exact for a model whose decoder layers are all alike (every dense Llama- or
+Qwen-style model), conservative otherwise.
+
+Embeddings: only memory, only on the first stage. The middle and last counts leave them out
+(`embedding_everywhere=False`); the chain then puts first a stage with room for them beside its
+layers, and rebuilds the pool with them charged to every stage if none has room.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from meshnet.placement.fleet import ModelShape, NodeOffer
+
+_ROUNDING = 1e-9  # a stage time computed as hop + x * seconds must count as x layers, not x - 1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pool:
+    model: ModelShape  # the model being placed
+    nodes: tuple[NodeOffer, ...]  # candidate nodes; their index is the tie-break (sorted by id)
+    row_node: np.ndarray  # node index of each row, ascending
+    row_device: np.ndarray  # device index (into the node's devices) of each row
+    layer_seconds: np.ndarray  # per row: decode seconds of one (largest) layer
+    hop: np.ndarray  # per row: its node's default hop seconds (round trip + activation transfer)
+    head_seconds: np.ndarray  # per row: decode seconds of the output head
+    mid_memory_layers: np.ndarray  # per row: layers its memory holds as a middle stage
+    last_memory_layers: np.ndarray  # per row: ... as the last stage (head beside them)
+    only_memory_layers: np.ndarray  # per row: ... as the only stage (embeddings and head beside them)
+    layer_memory: int  # bytes one (largest) layer needs: weights plus reserved KV
+    kv_tokens: int  # KV cells reserved per stage
+    embedding_everywhere: bool  # whether every stage's count left room for the embeddings
+    uniform: bool  # every decoder layer has the same bytes and KV (counts are then exact)
+
+    @property
+    def n_layer(self) -> int:
+        return self.model.n_layer
+
+    def row_starts(self) -> np.ndarray:
+        """First row of each node (rows are grouped by node)."""
+        return np.flatnonzero(np.r_[True, self.row_node[1:] != self.row_node[:-1]])
+
+
+def build_pool(model: ModelShape, nodes: Sequence[NodeOffer], kv_tokens: int,
+               embedding_everywhere: bool = False) -> Pool:
+    """The pool of `nodes` (in the given order) for `model`, with `kv_tokens` KV cells reserved."""
+    largest = max(model.layer_bytes)
+    kv_largest = max(model.kv_bytes_per_token)
+    layer_memory = largest + kv_tokens * kv_largest
+    row_node, row_device, per_byte, hop, budget = [], [], [], [], []
+    for index, node in enumerate(nodes):
+        node_hop = node.hop_seconds(model.activation_bytes)
+        for device_index, device in enumerate(node.devices):
+            row_node.append(index)
+            row_device.append(device_index)
+            per_byte.append(device.seconds_per_byte(model))
+            hop.append(node_hop)
+            budget.append(device.memory_bytes)
+    per_byte_array = np.asarray(per_byte, dtype=np.float64)
+    budget_array = np.asarray(budget, dtype=np.float64)
+    embedding = model.embedding_bytes if embedding_everywhere else 0
+
+    def layers(extra: int) -> np.ndarray:
+        return np.clip(np.floor((budget_array - extra) / layer_memory), 0, model.n_layer).astype(np.int64)
+
+    return Pool(
+        model=model, nodes=tuple(nodes), row_node=np.asarray(row_node, dtype=np.int64),
+        row_device=np.asarray(row_device, dtype=np.int64), layer_seconds=per_byte_array * largest,
+        hop=np.asarray(hop, dtype=np.float64), head_seconds=per_byte_array * model.output_bytes,
+        mid_memory_layers=layers(embedding), last_memory_layers=layers(model.output_bytes + embedding),
+        only_memory_layers=layers(model.output_bytes + model.embedding_bytes),
+        layer_memory=layer_memory, kv_tokens=kv_tokens, embedding_everywhere=embedding_everywhere,
+        uniform=len(set(model.layer_bytes)) == 1 and len(set(model.kv_bytes_per_token)) == 1)
+
+
+def row_layers(pool: Pool, bottleneck: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, the most layers it can hold within `bottleneck` seconds as a middle, last and
+    only stage (0 where it cannot hold one)."""
+    if math.isinf(bottleneck):
+        return pool.mid_memory_layers, pool.last_memory_layers, pool.only_memory_layers
+    mid = np.floor((bottleneck - pool.hop) / pool.layer_seconds + _ROUNDING)
+    last = np.floor((bottleneck - pool.hop - pool.head_seconds) / pool.layer_seconds + _ROUNDING)
+    mid = np.minimum(np.maximum(mid, 0), pool.mid_memory_layers).astype(np.int64)
+    last_layers = np.minimum(np.maximum(last, 0), pool.last_memory_layers).astype(np.int64)
+    only = np.minimum(np.maximum(last, 0), pool.only_memory_layers).astype(np.int64)
+    return mid, last_layers, only
+
+
+def node_layers(pool: Pool, per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the most layers any of its rows holds, and the row that holds them (ties: the
+    faster row, then the lower device index)."""
+    if len(pool.row_node) == len(pool.nodes):
+        return per_row, np.arange(len(per_row))
+    order = np.lexsort((pool.row_device, pool.layer_seconds, -per_row, pool.row_node))
+    starts = np.flatnonzero(np.r_[True, pool.row_node[order][1:] != pool.row_node[order][:-1]])
+    best_rows = order[starts]
+    return per_row[best_rows], best_rows
+
+
+def stage_seconds(pool: Pool, row: int, start: int, end: int, last: bool) -> float:
+    """Predicted seconds per token of row `row` holding [start, end), its default hop included,
+    with the model's real layer bytes."""
+    model = pool.model
+    node = pool.nodes[int(pool.row_node[row])]
+    per_byte = node.devices[int(pool.row_device[row])].seconds_per_byte(model)
+    compute = per_byte * (sum(model.layer_bytes[start:end]) + (model.output_bytes if last else 0))
+    return compute + float(pool.hop[row])
+
+
+def candidate_bottlenecks(pool: Pool) -> np.ndarray:
+    """Every stage time a chain's slowest stage can take (ascending, unique): the exact search
+    space of the bottleneck."""
+    counts = np.arange(1, pool.n_layer + 1, dtype=np.float64)
+    mid = pool.hop[:, None] + pool.layer_seconds[:, None] * counts[None, :]
+    fits_mid = counts[None, :] <= pool.mid_memory_layers[:, None]
+    last = mid + pool.head_seconds[:, None]
+    fits_last = counts[None, :] <= np.maximum(pool.last_memory_layers, pool.only_memory_layers)[:, None]
+    return np.unique(np.concatenate([mid[fits_mid], last[fits_last]]))
