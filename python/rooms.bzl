@@ -30,6 +30,8 @@ ROOMS = {
         test_imports = ["client", "node", "swarm", "tracker", "verify"],
     ),
     "identity": struct(imports = _BASE + ["protocol", "wire"], test_imports = []),
+    # Weights from peers (issue 50): signed manifests of a model's parts, pieces fetched and checked.
+    "weights": struct(imports = _BASE + ["identity", "recipe"], test_imports = []),
     "relay": struct(imports = _BASE + ["identity", "peers", "relay.v1"], test_imports = ["protocol"]),
     "client": struct(imports = _BASE + ["identity", "protocol", "wire"], test_imports = []),
     "reference": struct(

@@ -23,20 +23,76 @@ from typing import Sequence
 
 import numpy as np
 
-from meshnet.placement.fleet import ModelShape, NodeOffer
+from meshnet.placement.fleet import GIB, ModelShape, NodeOffer
 
 _ROUNDING = 1e-9  # a stage time computed as hop + x * seconds must count as x layers, not x - 1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class FleetTable:
+    """Every node's devices as numpy rows, built once per plan so that each model's pool is a
+    slice (no per-node Python work per model)."""
+
+    nodes: tuple[NodeOffer, ...]  # all nodes, sorted by id: their index is the tie-break
+    row_node: np.ndarray  # node index of each row, ascending
+    row_device: np.ndarray  # device index (into the node's devices) of each row
+    seconds_per_gib: np.ndarray  # per row: the device's measured seconds per GiB of weights
+    memory: np.ndarray  # per row: the device's memory budget (bytes)
+    rtt: np.ndarray  # per row: its node's default round trip
+    bandwidth: np.ndarray  # per row: its node's default bandwidth
+    per_model: dict[str, tuple[np.ndarray, np.ndarray]]  # model -> (rows, seconds per layer) measured for it
+
+    def seconds_per_byte(self, model: ModelShape) -> np.ndarray:
+        """Per row, decode seconds per weight byte of `model` (its own figure where measured)."""
+        per_byte = self.seconds_per_gib / GIB
+        measured = self.per_model.get(model.name)
+        if measured is not None:
+            per_byte = per_byte.copy()
+            per_byte[measured[0]] = measured[1] / (sum(model.layer_bytes) / model.n_layer)
+        return per_byte
+
+    def node_memory(self) -> np.ndarray:
+        """Per node, its largest device's budget."""
+        largest = np.zeros(len(self.nodes))
+        np.maximum.at(largest, self.row_node, self.memory)
+        return largest
+
+
+def fleet_table(nodes: Sequence[NodeOffer]) -> FleetTable:
+    """The rows of `nodes`, which must be sorted by id."""
+    row_node, row_device, per_gib, memory, rtt, bandwidth = [], [], [], [], [], []
+    per_model: dict[str, tuple[list[int], list[float]]] = {}
+    for index, node in enumerate(nodes):
+        for device_index, device in enumerate(node.devices):
+            for name, seconds in device.seconds_per_layer:
+                rows, values = per_model.setdefault(name, ([], []))
+                rows.append(len(row_node))
+                values.append(seconds)
+            row_node.append(index)
+            row_device.append(device_index)
+            per_gib.append(device.seconds_per_gib)
+            memory.append(device.memory_bytes)
+            rtt.append(node.rtt_seconds)
+            bandwidth.append(node.bytes_per_second)
+    return FleetTable(
+        nodes=tuple(nodes), row_node=np.asarray(row_node, dtype=np.int64),
+        row_device=np.asarray(row_device, dtype=np.int64), seconds_per_gib=np.asarray(per_gib, dtype=np.float64),
+        memory=np.asarray(memory, dtype=np.float64), rtt=np.asarray(rtt, dtype=np.float64),
+        bandwidth=np.asarray(bandwidth, dtype=np.float64),
+        per_model={name: (np.asarray(rows, dtype=np.int64), np.asarray(values, dtype=np.float64))
+                   for name, (rows, values) in per_model.items()})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Pool:
     model: ModelShape  # the model being placed
-    nodes: tuple[NodeOffer, ...]  # candidate nodes; their index is the tie-break (sorted by id)
-    row_node: np.ndarray  # node index of each row, ascending
+    nodes: tuple[NodeOffer, ...]  # candidate nodes; their index is the tie-break (ascending id)
+    row_node: np.ndarray  # node index (into `nodes`) of each row, ascending
     row_device: np.ndarray  # device index (into the node's devices) of each row
     layer_seconds: np.ndarray  # per row: decode seconds of one (largest) layer
     hop: np.ndarray  # per row: its node's default hop seconds (round trip + activation transfer)
     head_seconds: np.ndarray  # per row: decode seconds of the output head
+    memory: np.ndarray  # per row: the device's budget (bytes)
     mid_memory_layers: np.ndarray  # per row: layers its memory holds as a middle stage
     last_memory_layers: np.ndarray  # per row: ... as the last stage (head beside them)
     only_memory_layers: np.ndarray  # per row: ... as the only stage (embeddings and head beside them)
@@ -49,41 +105,43 @@ class Pool:
     def n_layer(self) -> int:
         return self.model.n_layer
 
-    def row_starts(self) -> np.ndarray:
-        """First row of each node (rows are grouped by node)."""
-        return np.flatnonzero(np.r_[True, self.row_node[1:] != self.row_node[:-1]])
 
-
-def build_pool(model: ModelShape, nodes: Sequence[NodeOffer], kv_tokens: int,
+def build_pool(table: FleetTable, model: ModelShape, node_indices: Sequence[int], kv_tokens: int,
                embedding_everywhere: bool = False) -> Pool:
-    """The pool of `nodes` (in the given order) for `model`, with `kv_tokens` KV cells reserved."""
+    """The pool of the table's nodes `node_indices` (ascending) for `model`, with `kv_tokens`
+    KV cells reserved at every stage."""
+    chosen = np.asarray(node_indices, dtype=np.int64)
+    rows = np.flatnonzero(np.isin(table.row_node, chosen))
     largest = max(model.layer_bytes)
-    kv_largest = max(model.kv_bytes_per_token)
-    layer_memory = largest + kv_tokens * kv_largest
-    row_node, row_device, per_byte, hop, budget = [], [], [], [], []
-    for index, node in enumerate(nodes):
-        node_hop = node.hop_seconds(model.activation_bytes)
-        for device_index, device in enumerate(node.devices):
-            row_node.append(index)
-            row_device.append(device_index)
-            per_byte.append(device.seconds_per_byte(model))
-            hop.append(node_hop)
-            budget.append(device.memory_bytes)
-    per_byte_array = np.asarray(per_byte, dtype=np.float64)
-    budget_array = np.asarray(budget, dtype=np.float64)
+    layer_memory = largest + kv_tokens * max(model.kv_bytes_per_token)
+    per_byte = table.seconds_per_byte(model)[rows]
+    budget = table.memory[rows]
     embedding = model.embedding_bytes if embedding_everywhere else 0
 
     def layers(extra: int) -> np.ndarray:
-        return np.clip(np.floor((budget_array - extra) / layer_memory), 0, model.n_layer).astype(np.int64)
+        return np.clip(np.floor((budget - extra) / layer_memory), 0, model.n_layer).astype(np.int64)
 
     return Pool(
-        model=model, nodes=tuple(nodes), row_node=np.asarray(row_node, dtype=np.int64),
-        row_device=np.asarray(row_device, dtype=np.int64), layer_seconds=per_byte_array * largest,
-        hop=np.asarray(hop, dtype=np.float64), head_seconds=per_byte_array * model.output_bytes,
+        model=model, nodes=tuple(table.nodes[i] for i in chosen),
+        row_node=np.searchsorted(chosen, table.row_node[rows]), row_device=table.row_device[rows],
+        layer_seconds=per_byte * largest, hop=table.rtt[rows] + model.activation_bytes / table.bandwidth[rows],
+        head_seconds=per_byte * model.output_bytes, memory=budget,
         mid_memory_layers=layers(embedding), last_memory_layers=layers(model.output_bytes + embedding),
         only_memory_layers=layers(model.output_bytes + model.embedding_bytes),
         layer_memory=layer_memory, kv_tokens=kv_tokens, embedding_everywhere=embedding_everywhere,
         uniform=len(set(model.layer_bytes)) == 1 and len(set(model.kv_bytes_per_token)) == 1)
+
+
+def charge_embedding_everywhere(pool: Pool) -> Pool:
+    """The same pool with the embeddings charged to every stage's memory (conservative)."""
+    model = pool.model
+
+    def layers(extra: int) -> np.ndarray:
+        return np.clip(np.floor((pool.memory - extra) / pool.layer_memory), 0, model.n_layer).astype(np.int64)
+
+    return dataclasses.replace(
+        pool, mid_memory_layers=layers(model.embedding_bytes),
+        last_memory_layers=layers(model.output_bytes + model.embedding_bytes), embedding_everywhere=True)
 
 
 def row_layers(pool: Pool, bottleneck: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
