@@ -31,7 +31,7 @@ ROOMS = {
     ),
     "identity": struct(imports = _BASE + ["protocol", "wire"], test_imports = []),
     # Weights from peers (issue 50): signed manifests of a model's parts, pieces fetched and checked.
-    "weights": struct(imports = _BASE + ["identity", "recipe"], test_imports = []),
+    "weights": struct(imports = _BASE + ["identity", "recipe", "weights.v1"], test_imports = []),
     "relay": struct(imports = _BASE + ["identity", "peers", "relay.v1"], test_imports = ["protocol"]),
     "client": struct(imports = _BASE + ["identity", "protocol", "wire"], test_imports = []),
     "reference": struct(
@@ -39,7 +39,8 @@ ROOMS = {
         test_imports = [],
     ),
     "tracker": struct(
-        imports = _BASE + ["identity", "peers", "protocol", "recipe", "relay", "webserver", "wire", "tracker.v1"],
+        imports = _BASE + ["identity", "peers", "protocol", "recipe", "relay", "webserver", "weights", "wire",
+                           "tracker.v1", "weights.v1"],
         test_imports = [],
     ),
     "node": struct(

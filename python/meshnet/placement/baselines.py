@@ -65,6 +65,7 @@ def memory_proportional(models: Iterable[ModelShape], nodes: Iterable[NodeOffer]
     queue = list(nodes)
     routes_left = {m.name: math.inf if targets.replicas is None else 1 + targets.replicas for m in models}
     assignments: list[Assignment] = []
+    served: set[str] = set()
     active = sorted(models, key=lambda m: (-m.total_bytes(), m.name))
     while active and queue:
         still = []
@@ -73,8 +74,8 @@ def memory_proportional(models: Iterable[ModelShape], nodes: Iterable[NodeOffer]
             if found is None:
                 continue
             group, ranges = found
-            role = PRIMARY if routes_left[model.name] == (math.inf if targets.replicas is None else 1 + targets.replicas) \
-                and not any(a.model == model.name for a in assignments) else REPLICA
+            role = REPLICA if model.name in served else PRIMARY
+            served.add(model.name)
             for node, (a, b) in zip(group, ranges):
                 assignments.append(Assignment(node.node_id, model.name, a, b, _largest_device(node).backend, role,
                                               "memory-proportional share of its group"))
@@ -95,16 +96,18 @@ def petals_least_served(models: Iterable[ModelShape], nodes: Iterable[NodeOffer]
     cap = math.inf if targets.replicas is None else 1 + targets.replicas
     assignments, left = [], []
     for node in nodes:
-        options = []
-        for model in models:
-            window = _window(model, node, targets.kv_tokens, throughput[model.name])
-            if window is not None and holders[model.name].min() < cap:
-                options.append((float(throughput[model.name].min()), model.name, model, window))
-        if not options:
+        device = _largest_device(node)
+        options = sorted((float(throughput[m.name].min()), m.name, m) for m in models
+                         if holders[m.name].min() < cap and device.memory_bytes >= _layer_memory(m, targets.kv_tokens))
+        window = None
+        for _, _, model in options:
+            window = _window(model, device.memory_bytes, targets.kv_tokens, throughput[model.name])
+            if window is not None:
+                break
+        if window is None:
             left.append(LeftOut(node.node_id, "Petals' rule: no model's window fits or needs it"))
             continue
-        _, _, model, (a, b) = min(options, key=lambda o: (o[0], o[1]))
-        device = _largest_device(node)
+        a, b = window
         seconds = compute_seconds(model, node, device.backend, a, b) + node.hop_seconds(model.activation_bytes)
         throughput[model.name][a:b] += 1.0 / seconds
         holders[model.name][a:b] += 1
@@ -113,17 +116,39 @@ def petals_least_served(models: Iterable[ModelShape], nodes: Iterable[NodeOffer]
     return _plan(models, nodes, assignments, left, targets.sessions, suffix_entry=True)
 
 
-def _window(model: ModelShape, node: NodeOffer, kv_tokens: int, throughput: np.ndarray) -> tuple[int, int] | None:
-    """Petals' window: the most layers the node's memory holds, at the least-served start."""
-    budget = _largest_device(node).memory_bytes
-    per_layer = max(model.layer_bytes) + kv_tokens * max(model.kv_bytes_per_token)
-    size = min(model.n_layer, budget // per_layer)
-    while size >= 1:
-        starts = range(model.n_layer - size + 1)
-        start = min(starts, key=lambda s: (sorted(throughput[s:s + size]), s))
-        if model.memory_bytes(start, start + size, kv_tokens) <= budget:
-            return start, start + size
-        size -= 1
+def _layer_memory(model: ModelShape, kv_tokens: int) -> int:
+    return max(model.layer_bytes) + kv_tokens * max(model.kv_bytes_per_token)
+
+
+def _window(model: ModelShape, budget: int, kv_tokens: int, throughput: np.ndarray) -> tuple[int, int] | None:
+    """Petals' window: as many layers as `budget` holds (fewer at the model's ends, where the
+    embeddings or head share the memory), at the start whose throughputs, sorted, are
+    lexicographically least (ties: the lower start)."""
+    n = model.n_layer
+    if model.memory_bytes(0, n, kv_tokens) <= budget:
+        return 0, n
+    size = min(n, budget // _layer_memory(model, kv_tokens))
+    windows = [(s, s + size) for s in range(1, n - size)] if size >= 1 else []
+    first = _longest(model, budget, kv_tokens, lambda k: (0, k))
+    last = _longest(model, budget, kv_tokens, lambda k: (n - k, n))
+    windows += [w for w in (first, last) if w is not None]
+    if not windows:
+        return None
+    width = max(b - a for a, b in windows)
+    keys = np.full((len(windows), width), np.inf)
+    for row, (a, b) in enumerate(windows):
+        keys[row, : b - a] = np.sort(throughput[a:b])
+    order = np.lexsort(tuple(keys[:, k] for k in range(width - 1, -1, -1)) + ())
+    best = min(order[: 1 + int(np.sum(np.all(keys == keys[order[0]], axis=1))) - 1] if False else [order[0]])
+    return windows[int(best)]
+
+
+def _longest(model: ModelShape, budget: int, kv_tokens: int, window) -> tuple[int, int] | None:
+    """The widest window(k) (k < n_layer) whose memory fits `budget`, or None."""
+    for k in range(model.n_layer - 1, 0, -1):
+        a, b = window(k)
+        if model.memory_bytes(a, b, kv_tokens) <= budget:
+            return a, b
     return None
 
 

@@ -1,4 +1,4 @@
-"""A model's certified entry, as the tracker loads it from models.json (tracker/main.py): the
+"""A model's certified entry, as the tracker loads it from models.json (`load_models`): the
 artifact, the recipes certified on each compute backend (ADR 0015) and the certifications they
 rest on.
 
@@ -10,6 +10,8 @@ entries it was built with for its lifetime.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from meshnet.wire import tracker as tt
 
@@ -77,3 +79,20 @@ class CertifiedModel:
         if self.mixed_backends:
             out["mixed"] = self.mixed_backends.get("certification", {})
         return out
+
+
+def load_models(path: Path, allow_uncertified: bool = False) -> list[CertifiedModel]:
+    """The entries of `path`; each must carry a passed certification (//python:certify writes it
+    only when its parity suite passes) for every backend and mix it lists (ADR 0015), unless
+    `allow_uncertified` (the local test harness)."""
+    try:
+        entries = json.loads(path.read_text())
+        models = [CertifiedModel(**entry) for entry in entries]
+    except (OSError, ValueError, TypeError) as err:
+        raise SystemExit(f"tracker: cannot read certified models from {path}: {err}") from err
+    uncertified = [m.model for m in models
+                   if any(c.get("passed") is not True for c in m.certifications().values())]
+    if uncertified and not allow_uncertified:
+        raise SystemExit(f"tracker: {path}: no passed certification for {uncertified}; make entries with "
+                         "`tools/bazel run //python:certify -- --gguf M.gguf --model NAME --append models.json`")
+    return models

@@ -49,6 +49,8 @@ from meshnet.identity import tls as tls_material
 from meshnet.peers import ConnectionCaps, peer_prefix
 from meshnet.tracker.connection_front import UPSTREAM_HOST, ConnectionFront
 from meshnet.tracker.v1 import tracker_pb2_grpc
+from meshnet.weights.piece_service import PieceService, PublishedModels
+from meshnet.weights.v1 import weights_pb2_grpc
 
 log = logging.getLogger("meshnet.tracker.grpc_server")
 
@@ -253,8 +255,12 @@ class TrackerServer:
     """The aio server on its own event-loop thread; started by the constructor."""
 
     def __init__(self, service, method_roles: Mapping[str, frozenset[str]], listen: str,
-                 tls: Optional[tuple[bytes, bytes]], limits: ServerLimits) -> None:
+                 tls: Optional[tuple[bytes, bytes]], limits: ServerLimits,
+                 published: Optional[PublishedModels] = None) -> None:
+        # published: models whose pieces the Pieces service serves beside the Tracker (issue 50)
+        self._published = published
         self._servicer = _AsyncTracker(service, limits)
+        self._service_role = service.role
         self._gate = _Gate(method_roles, service.role, service.refused, limits)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="tracker-grpc")
@@ -274,6 +280,9 @@ class TrackerServer:
                                                 ("grpc.server_handshake_timeout_ms", int(limits.handshake_timeout * 1000)),
                                                 ("grpc.max_connection_idle_ms", int(limits.connection_idle * 1000))])
         tracker_pb2_grpc.add_TrackerServicer_to_server(self._servicer, self._server)
+        if self._published is not None:  # its own token checks and caps (weights/piece_service.py)
+            weights_pb2_grpc.add_PiecesServicer_to_server(
+                PieceService(self._published, self._service_role, lambda peer: self.front.peer_of(peer)), self._server)
         upstream = tls_material.bind(self._server, f"{UPSTREAM_HOST}:0", tls)
         await self._server.start()
         self.front = ConnectionFront(within_file_limit(limits.connections), upstream, peer_address)

@@ -51,6 +51,7 @@ from meshnet.tracker.ledger.principals import DEFAULT_FAILURE_REPORTS_PER_MINUTE
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.prefill_grace import DEFAULT_GRACE_SECONDS, check_grace
 from meshnet.tracker.probe import health_fails
+from meshnet.tracker.certified import load_models
 from meshnet.tracker.registry import CertifiedModel, Registry
 from meshnet.tracker.service import TICKET_SECONDS, serve
 from meshnet.tracker.state_dir import StateDir, certificate_names, certificate_sha256, init
@@ -58,25 +59,9 @@ from meshnet.tracker.store import etcd_client
 from meshnet.tracker.store.etcd_store import DEFAULT_PREFIX, EtcdStore
 from meshnet.tracker.store.state_store import StoreError
 from meshnet.tracker.web import web
+from meshnet.weights.piece_service import PublishedModels
 
 QUARANTINE_SYNC_SECONDS = 5.0  # how often the ledger's quarantines and enrolments are read
-
-
-def load_models(path: Path, allow_uncertified: bool = False) -> list[CertifiedModel]:
-    """The entries of `path`; each must carry a passed certification (//python:certify writes it
-    only when its parity suite passes) for every backend and mix it lists (ADR 0015), unless
-    `allow_uncertified` (the local test harness)."""
-    try:
-        entries = json.loads(path.read_text())
-        models = [CertifiedModel(**entry) for entry in entries]
-    except (OSError, ValueError, TypeError) as err:
-        raise SystemExit(f"tracker: cannot read certified models from {path}: {err}") from err
-    uncertified = [m.model for m in models
-                   if any(c.get("passed") is not True for c in m.certifications().values())]
-    if uncertified and not allow_uncertified:
-        raise SystemExit(f"tracker: {path}: no passed certification for {uncertified}; make entries with "
-                         "`tools/bazel run //python:certify -- --gguf M.gguf --model NAME --append models.json`")
-    return models
 
 
 def load_roles(path: Path) -> dict[str, str]:
@@ -116,9 +101,20 @@ def apply_state(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Op
     args.ticket_key = args.ticket_key or state.ticket_key
     args.tls_cert, args.tls_key = args.tls_cert or state.tls_cert, args.tls_key or state.tls_key
     args.models = args.models or state.models
+    args.published = args.published or state.published
     if args.db is None and args.ledger is None:
         args.db = state.ledger
     return state
+
+
+def published_models(root: Optional[Path], ticket_key: Identity,
+                     models: list[CertifiedModel]) -> Optional[PublishedModels]:
+    """The published models under `root` whose artifact a certified entry names (None: no --published)."""
+    if root is None:
+        return None
+    published = PublishedModels(root, ticket_key.public_key, [m.artifact_fingerprint for m in models])
+    log("published_models", directory=str(root), models=sorted(published.models))
+    return published
 
 
 def server_limits(args: argparse.Namespace) -> ServerLimits:
@@ -148,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
                            "if missing), shared with the other trackers given the same URL; a password is better "
                            "kept in ~/.pgpass or $PGPASSWORD than on the command line")
     parser.add_argument("--models", type=Path, help="JSON list of certified models")
+    parser.add_argument("--published", type=Path, metavar="DIR",
+                        help="serve the pieces of the models `//python:publish` put here (one directory per model; "
+                        "default with --state: its models/); only manifests this tracker's key signed for a "
+                        "certified artifact are served")
     parser.add_argument("--allow-uncertified", action="store_true",
                         help="serve models.json entries without a passed certification (local test swarms only)")
     parser.add_argument("--roles-file", type=Path, help="JSON: role -> bearer token (default with --state: its own)")
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
         server, port = serve(registry, ledger, args.listen, roles, ticket_key, tls=tls,
                              ticket_seconds=args.ticket_seconds, metrics=metrics,
                              check_reachability=args.check_reachability, audits=audits[0], principals=principals,
-                             limits=server_limits(args))
+                             limits=server_limits(args), published=published_models(args.published, ticket_key, models))
         http = web.serve(metrics, args.http_listen) if args.http_listen else None
         relay = None
         if args.relay:

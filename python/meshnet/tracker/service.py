@@ -40,6 +40,7 @@ from meshnet.tracker.ledger.principals import Principals
 from meshnet.tracker.metrics import TrackerMetrics
 from meshnet.tracker.registry import MAX_EXPECTED_TOKENS, Registry
 from meshnet.tracker.store.state_store import StoreError
+from meshnet.weights.piece_service import PublishedModels
 from meshnet.wire import seam as st
 from meshnet.wire import tracker as tt
 from meshnet.wire.seam import RouteSession
@@ -355,7 +356,8 @@ def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[
           tls: Optional[tuple[bytes, bytes]] = None, ticket_seconds: float = TICKET_SECONDS,
           metrics: Optional[TrackerMetrics] = None, check_reachability: bool = False,
           audits: Optional[Audits] = None, limits: Optional[ServerLimits] = None,
-          principals: Optional[Principals] = None) -> tuple[TrackerServer, int]:
+          principals: Optional[Principals] = None,
+          published: Optional[PublishedModels] = None) -> tuple[TrackerServer, int]:
     # tls: (certificate chain PEM, private key PEM), or None for plaintext (--insecure).
     # metrics: where the service counts its answers (a fresh TrackerMetrics if None).
     """Starts the tracker; returns the server and the bound port (listen may use port 0)."""
@@ -366,5 +368,5 @@ def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[
     # principals: enrolled keys and per-principal quotas (ledger/principals.py); None: none enrolled, default quotas.
     service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics, check_reachability,
                              audits, principals)
-    server = TrackerServer(service, METHOD_ROLES, listen, tls, limits or ServerLimits())
+    server = TrackerServer(service, METHOD_ROLES, listen, tls, limits or ServerLimits(), published)
     return server, server.port

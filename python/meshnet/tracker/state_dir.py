@@ -56,6 +56,10 @@ class StateDir:
     def models(self) -> Path:
         return self.root / "models.json"  # certified models served (a list; empty at first)
 
+    @property
+    def published(self) -> Path:
+        return self.root / "models"  # one directory per published model: its parts and signed manifest
+
     def files(self) -> tuple[Path, ...]:
         return (self.roles, self.ticket_key, self.tls_cert, self.tls_key, self.ledger, self.models)
 

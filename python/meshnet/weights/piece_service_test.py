@@ -1,0 +1,77 @@
+"""The Pieces service's caps, unit (a fake gRPC context per call, as loopback offers one source
+address): pieces in flight are capped per peer and in all, refused RESOURCE_EXHAUSTED past
+either, and counted out when a stream ends however it ends. Also: only manifests the tracker's
+key signed, for a certified artifact, are loaded."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from meshnet.identity.keys import Identity
+from meshnet.weights.piece_service import MANIFEST_FILE, PieceLimits, PieceService, PublishedModels
+from meshnet.weights.v1 import weights_pb2
+from meshnet.weights.weights_fixtures import published  # noqa: F401
+
+
+class Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+
+
+class FakeContext:
+    """What the service reads of a call (a fake, named as such)."""
+
+    def __init__(self, peer: str, token: str = "node-token") -> None:
+        self._peer, self._token = peer, token
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self):
+        return (("authorization", f"Bearer {self._token}"),)
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise Aborted(code, details)
+
+
+def models_of(published, certified=True) -> PublishedModels:
+    (published.parts_dir / MANIFEST_FILE).write_bytes(published.manifest.encode())
+    return PublishedModels(published.parts_dir.parent, published.key.public_key,
+                           [published.manifest.artifact] if certified else [])
+
+
+def test_pieces_in_flight_are_capped_per_peer_and_in_all(published):
+    service = PieceService(models_of(published), {"node-token": "node"}.get, lambda peer: peer.split(":")[1],
+                           PieceLimits(max_per_peer=1, max_in_flight=2))
+    part = published.manifest.parts[0]
+    request = weights_pb2.PieceRequest(model="tiny", file=part.file, index=0)
+
+    async def scenario() -> None:
+        first = service.Piece(request, FakeContext("ipv4:10.0.0.1:1"))
+        assert len((await first.__anext__()).data) > 0  # in flight until its stream ends
+        with pytest.raises(Aborted) as same_peer:
+            await service.Piece(request, FakeContext("ipv4:10.0.0.1:2")).__anext__()
+        assert same_peer.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        second = service.Piece(request, FakeContext("ipv4:10.0.0.2:1"))
+        await second.__anext__()
+        with pytest.raises(Aborted) as full:
+            await service.Piece(request, FakeContext("ipv4:10.0.0.3:1")).__anext__()
+        assert full.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 in all" in str(full.value)
+        await first.aclose()  # a stream cancelled half-way gives its place back
+        async for _ in second:
+            pass
+        assert [c async for c in service.Piece(request, FakeContext("ipv4:10.0.0.3:1"))]
+
+    asyncio.run(scenario())
+
+
+def test_only_signed_manifests_of_certified_artifacts_are_loaded(published, tmp_path):
+    assert set(models_of(published).models) == {"tiny"}
+    assert models_of(published, certified=False).models == {}
+    assert PublishedModels(published.parts_dir.parent, Identity.generate().public_key,
+                           [published.manifest.artifact]).models == {}
+    assert PublishedModels(tmp_path / "absent", published.key.public_key, []).models == {}
