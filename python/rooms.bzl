@@ -44,7 +44,7 @@ ROOMS = {
         test_imports = [],
     ),
     "node": struct(
-        imports = _BASE + ["identity", "protocol", "recipe", "reference", "relay", "webserver", "wire"],
+        imports = _BASE + ["identity", "protocol", "recipe", "reference", "relay", "webserver", "weights", "wire"],
         test_imports = [],
     ),
     "gateway": struct(

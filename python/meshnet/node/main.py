@@ -1,5 +1,7 @@
-"""`bazel run //python:node -- --tracker HOST:PORT --tracker-ca CA.pem --identity KEY --gguf PATH
---model NAME --layers A:B [--backend gguf]`.
+"""`bazel run //python:node -- --join INVITE [--data-dir DIR] [--max-memory 6G]`: joins with one
+command (node/join.py: the tracker assigns the model and range, the part is fetched and checked).
+By hand: `--tracker HOST:PORT --tracker-ca CA.pem --identity KEY --gguf PATH --model NAME --layers
+A:B [--backend gguf]`.
 
 Loads (or creates) the node's Ed25519 identity, whose public key names the node; fetches the
 tracker's ticket key over TLS; makes a fresh TLS certificate for its shard service; runs the
@@ -36,6 +38,7 @@ import grpc
 
 from meshnet.identity import tls
 from meshnet.identity.keys import Identity
+from meshnet.node import join
 from meshnet.node import metrics as node_metrics
 from meshnet.node.backends import Backend, GgufBackend, ReferenceBackend
 from meshnet.node.restarts import RestartBudget
@@ -69,12 +72,17 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--join" or a.startswith("--join=") for a in argv):  # issue 50: the tracker decides the rest
+        argv = join.resolve(argv)
     parser = argparse.ArgumentParser(description="Meshnet node")
     parser.add_argument("--tracker", required=True, type=tracker_addresses,
                         help="tracker HOST:PORT; several, comma-separated, for replicated trackers (calls fail over between them)")
     parser.add_argument("--token-file", type=Path, help="the node role's token (else $MESHNET_NODE_TOKEN)")
     parser.add_argument("--identity", required=True, type=Path, help="Ed25519 key file (created 0600 if absent)")
     parser.add_argument("--tracker-ca", type=Path, help="PEM that verifies the tracker's TLS certificate")
+    parser.add_argument("--tracker-tls-name", help="the name the tracker's certificate is checked for (default: the "
+                        "host dialed); --join sets it for a certificate trusted by its pin")
     parser.add_argument("--insecure", action="store_true",
                         help="plaintext to the tracker and on the shard service (loopback development only)")
     parser.add_argument("--gguf", required=True, type=Path, help="the model file: the whole GGUF, or a per-range "
@@ -188,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     relay_ca = args.relay_ca or args.tracker_ca
     via = Via(args.relay_via, identity, token, None if args.insecure else relay_ca.read_bytes()) \
         if args.relay_via else None
-    tracker = TrackerClient(args.tracker, token, identity,
+    tracker = TrackerClient(args.tracker, token, identity, tls_name=args.tracker_tls_name,
                             tracker_ca=None if args.insecure else args.tracker_ca.read_bytes())
     try:
         tracker_key = tracker.tracker_key()
@@ -246,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 tt.Capacity(args.max_sessions, max_kv_tokens, budget.memory_bytes if budget else 0,
                             backend.max_session_tokens),
                 summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else "",
-                device=budget.device if budget else None), metrics)
+                device=budget.device if budget else None), metrics, restarts)
         finally:
             if relay is not None:
                 relay.stop()
@@ -267,8 +275,9 @@ def device_budget(args: argparse.Namespace, start: int, end: int) -> DeviceBudge
 
 
 def serve(args: argparse.Namespace, tracker: TrackerClient, backend, via: Optional["Via"], info: tt.NodeInfo,
-          metrics: node_metrics.NodeMetrics) -> int:
-    """Registers, heartbeats and supervises until a stop signal, then drains; the exit status."""
+          metrics: node_metrics.NodeMetrics, restarts: RestartBudget) -> int:
+    """Registers, heartbeats and supervises until a stop signal, then drains; the exit status.
+    `restarts`: how many times a dead or hung worker may be restarted, over a sliding window."""
     node_id = info.node_id
 
     def take_work() -> tuple[tt.WorkEntry, ...]:

@@ -141,6 +141,10 @@ class TrackerClient:
     def report_audit(self, report: tt.ReportAuditRequest) -> tt.ReportAuditReply:
         return self._call("ReportAudit", report)
 
+    def assign(self, request: tt.AssignRequest) -> tt.AssignReply:
+        """What this node should serve (node role; issue 50)."""
+        return self._call("Assign", request)
+
     def redeem_invite(self, invite_id: str, secret: bytes) -> tt.RedeemInviteReply:
         """Binds an invite's role to this client's key (signed with it; no role token needed)."""
         return self._call("RedeemInvite", tt.RedeemInviteRequest(invite_id, secret))

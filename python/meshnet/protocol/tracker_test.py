@@ -48,6 +48,8 @@ SAMPLES = [
     tt.TrackerKeyReply(OK, b"t" * 32),
     tt.RedeemInviteRequest("0a1b2c3d4e5f", b"s" * 32),
     tt.RedeemInviteReply(OK, "node", "token"),
+    tt.AssignRequest(8 << 30, 100 << 30, "cpu"),
+    tt.AssignReply(OK, "smol", tt.LayerRange(0, 10), "smol.layers-0-10.gguf", "uncovered"),
     tt.TakeAuditRequest("sha256:" + "a" * 64),
     tt.TakeAuditReply(OK, tt.AuditJob(7, SESSION, "smollm2-135m-instruct", (tt.Hop(NODE, tt.LayerRange(0, 10)),),
                                       (AuditTicket(b"audit body", b"a" * 64),),

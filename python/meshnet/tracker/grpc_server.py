@@ -55,7 +55,7 @@ from meshnet.weights.v1 import weights_pb2_grpc
 log = logging.getLogger("meshnet.tracker.grpc_server")
 
 SERVICE = "meshnet.tracker.v1.Tracker"
-NODE_METHODS = frozenset({"Register", "Heartbeat", "Drain", "Deregister", "ReportWork"})
+NODE_METHODS = frozenset({"Register", "Heartbeat", "Drain", "Deregister", "ReportWork", "Assign"})
 # Methods that need no role token and still read their message, under the bounds of every other
 # call (a public method, TrackerKey, is answered without reading it).
 OPEN_METHODS = frozenset({"RedeemInvite"})

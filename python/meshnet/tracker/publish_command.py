@@ -29,9 +29,12 @@ from meshnet.weights.manifest import DEFAULT_PIECE_BYTES, MAX_PIECE_BYTES, MIN_P
 from meshnet.weights.piece_service import MANIFEST_FILE
 
 
-def certified_entry_problem(state: StateDir, model: str, artifact: str) -> Optional[str]:
-    """Why `model` from the file whose sha256 is `artifact` may not be published, or None."""
-    entries = [m for m in load_models(state.models) if m.model == model] if state.models.exists() else []
+def certified_entry_problem(state: StateDir, model: str, artifact: str, allow_uncertified: bool = False) -> Optional[str]:
+    """Why `model` from the file whose sha256 is `artifact` may not be published, or None.
+    `allow_uncertified`: an entry without a passed certification will do (local test swarms, as
+    the tracker's flag of that name)."""
+    entries = ([m for m in load_models(state.models, allow_uncertified) if m.model == model]
+               if state.models.exists() else [])
     if not entries:
         return (f"{state.models} has no certified entry named {model!r}: certify it first with "
                 f"`tools/bazel run //python:certify -- --gguf GGUF --model {model} --append {state.models}`")
@@ -69,6 +72,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     split = parser.add_mutually_exclusive_group()
     split.add_argument("--nodes", type=int, help="cut into this many even ranges")
     split.add_argument("--ranges", help="cut at these ranges: 0:10,10:20,...")
+    parser.add_argument("--allow-uncertified", action="store_true",
+                        help="publish a models.json entry without a passed certification (local test swarms only; "
+                        "the tracker then needs its --allow-uncertified too)")
     parser.add_argument("--piece-mib", type=float, default=DEFAULT_PIECE_BYTES / (1 << 20),
                         help="piece size in MiB: the unit fetched and checked alone (default 16)")
     args = parser.parse_args(argv)
@@ -83,7 +89,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         ranges = (cut_model.parse_ranges(args.ranges) if args.ranges
                   else cut_model.even_cuts(n_layer, args.nodes or min(4, n_layer)))
         print(f"hashing {args.gguf} ...", file=sys.stderr, flush=True)
-        problem = certified_entry_problem(state, args.model, artifact_fingerprint(args.gguf))
+        problem = certified_entry_problem(state, args.model, artifact_fingerprint(args.gguf), args.allow_uncertified)
         if problem:
             parser.error(problem)
         path = publish(state, args.gguf, args.model, ranges, piece_bytes,

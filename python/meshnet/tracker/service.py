@@ -32,6 +32,7 @@ from meshnet.identity.roles import ROLES
 from meshnet.process import log
 from meshnet.protocol import tracker as codec
 from meshnet.protocol.errors import ProtocolError
+from meshnet.tracker.assignment import Assignments, served_by
 from meshnet.tracker.audits import Audits
 from meshnet.tracker.grpc_server import Refused, ServerLimits, TrackerServer
 from meshnet.tracker.ledger.invites import InviteRefused
@@ -48,7 +49,7 @@ from meshnet.wire.status import Status, StatusCode
 
 _NODE, _ROUTES, _ANY = frozenset({"node"}), frozenset({"client", "gateway"}), frozenset(ROLES)
 METHOD_ROLES: Mapping[str, frozenset[str]] = {
-    "Register": _NODE, "Heartbeat": _NODE, "Drain": _NODE, "Deregister": _NODE, "ReportWork": _NODE,
+    "Register": _NODE, "Heartbeat": _NODE, "Drain": _NODE, "Deregister": _NODE, "ReportWork": _NODE, "Assign": _NODE,
     "OpenRoute": _ROUTES, "ReportFailure": _ROUTES, "CloseRoute": _ROUTES, "RenewRoute": _ROUTES, "Coverage": _ANY,
     "TakeAudit": frozenset({"verifier"}), "ReportAudit": frozenset({"verifier"}),
 }
@@ -64,7 +65,7 @@ class TrackerService:
     def __init__(self, registry: Registry, ledger: Ledger, role_tokens: Mapping[str, str], ticket_key: Identity,
                  ticket_seconds: float = TICKET_SECONDS, metrics: Optional[TrackerMetrics] = None,
                  check_reachability: bool = False, audits: Optional[Audits] = None,
-                 principals: Optional[Principals] = None) -> None:
+                 principals: Optional[Principals] = None, published: Optional[PublishedModels] = None) -> None:
         tokens = {role: token for role, token in role_tokens.items() if token}
         if not tokens:
             raise ValueError("the tracker needs at least one role token")
@@ -82,6 +83,8 @@ class TrackerService:
         self._check_reachability = check_reachability
         self._audits = audits
         self._principals = principals or Principals()
+        self._published = published
+        self._assignments = Assignments()
 
     # ---- authentication ---------------------------------------------------------------------
 
@@ -156,6 +159,8 @@ class TrackerService:
                     return tt.RegisterReply(Status(StatusCode.UNAVAILABLE, reason, retryable=True),
                                             tt.Admission.REFUSED, reason)
             reply = self._registry.register(req.node, caller)
+            if reply.status.ok:
+                self._assignments.release(keys.node_id(caller))  # it serves now: coverage counts it
             log("register", node=req.node.node_id if req.node else None, admission=reply.admission.name,
                 reason=reply.reason, status=reply.status.code.name)
             return reply
@@ -189,6 +194,17 @@ class TrackerService:
             log("work", node=req.node_id, entries=count, report=req.report_id)
             return tt.WorkReply(Status(StatusCode.OK))
         return self._handle("ReportWork", request, context, tt.WorkReply, work)
+
+    def Assign(self, request, context):  # noqa: N802
+        def work(req: tt.AssignRequest, caller: bytes) -> tt.AssignReply:
+            models = {name: p.manifest for name, p in (self._published.models if self._published else {}).items()
+                      if name in self._registry.models}
+            reply = self._assignments.assign(keys.node_id(caller), req, models,
+                                             served_by(lambda model: self._registry.coverage(model)))
+            log("assign", node=keys.node_id(caller), model=reply.model, part=reply.part_file,
+                status=reply.status.code.name if reply.status else None, reason=reply.reason or reply.status.message)
+            return reply
+        return self._handle("Assign", request, context, tt.AssignReply, work)
 
     # ---- routes -----------------------------------------------------------------------------
 
@@ -367,6 +383,6 @@ def serve(registry: Registry, ledger: Ledger, listen: str, role_tokens: Mapping[
     # limits: the server's bounds (grpc_server.py).
     # principals: enrolled keys and per-principal quotas (ledger/principals.py); None: none enrolled, default quotas.
     service = TrackerService(registry, ledger, role_tokens, ticket_key, ticket_seconds, metrics, check_reachability,
-                             audits, principals)
+                             audits, principals, published)
     server = TrackerServer(service, METHOD_ROLES, listen, tls, limits or ServerLimits(), published)
     return server, server.port

@@ -273,6 +273,22 @@ class RedeemInviteReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class AssignRequest:
+    memory_bytes: int = 0  # what the node may hold (measured, or its cap)
+    disk_free_bytes: int = 0  # free under its data directory
+    device: str = ""  # where it computes
+
+
+@dataclasses.dataclass(frozen=True)
+class AssignReply:
+    status: Optional[Status]
+    model: str = ""
+    layers: Optional[LayerRange] = None
+    part_file: str = ""  # the manifest's part holding `layers`
+    reason: str = ""  # why this part, or why none
+
+
+@dataclasses.dataclass(frozen=True)
 class TakeAuditRequest:
     model_artifact: str = ""  # only audits of a model certified from this artifact ("" any)
     compute_backends: tuple[str, ...] = ()  # what the verifier replays (ADR 0015; () = ("cpu",))

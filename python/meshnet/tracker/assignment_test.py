@@ -1,0 +1,69 @@
+"""What a joining node is assigned (issue 50, item 4), until the planner (issue 51): uncovered
+ranges first, the part must fit the memory and disk the node measured, nodes joining at once
+spread over the ranges, a node asking again keeps its part, and no fit says why."""
+
+from __future__ import annotations
+
+from meshnet.tracker.assignment import Assignments
+from meshnet.weights.manifest import Manifest, Part
+from meshnet.wire import tracker as tt
+from meshnet.wire.ids import NodeId
+from meshnet.wire.status import StatusCode
+
+GIB = 1 << 30
+PARTS = (Part(0, 10, "m.layers-0-10.gguf", 3 * GIB, "sha256:" + "a" * 64, ("0" * 64,) * 192),
+         Part(10, 20, "m.layers-10-20.gguf", 2 * GIB, "sha256:" + "b" * 64, ("0" * 64,) * 128),
+         Part(20, 30, "m.layers-20-30.gguf", 3 * GIB, "sha256:" + "c" * 64, ("0" * 64,) * 192))
+MODELS = {"m": Manifest("m", "sha256:" + "d" * 64, 30, 16 << 20, PARTS)}
+OFFER = tt.AssignRequest(8 * GIB, 100 * GIB, "cpu")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def nobody(model: str, start: int, end: int) -> int:
+    return 0
+
+
+def test_nodes_joining_at_once_spread_over_the_ranges_largest_first():
+    assignments = Assignments()
+    got = [assignments.assign(NodeId(f"n{i}"), OFFER, MODELS, nobody) for i in range(4)]
+    assert [(r.layers.start, r.layers.end) for r in got] == [(0, 10), (20, 30), (10, 20), (0, 10)]
+    assert [r.reason for r in got[:3]] == ["uncovered"] * 3
+    assert got[3].reason == "the least served part that fits (1 nodes serve or fetch it)"
+    assert got[0].part_file == "m.layers-0-10.gguf" and got[0].model == "m"
+
+
+def test_a_covered_range_is_assigned_after_the_uncovered_one():
+    served = {(0, 10): 2, (10, 20): 0, (20, 30): 1}
+    reply = Assignments().assign(NodeId("n"), OFFER, MODELS, lambda m, s, e: served[(s, e)])
+    assert (reply.layers.start, reply.layers.end) == (10, 20)
+
+
+def test_only_what_fits_the_measured_memory_and_disk_is_assigned():
+    small = tt.AssignRequest(2 * GIB + 1, 100 * GIB, "cpu")
+    assert Assignments().assign(NodeId("n"), small, MODELS, nobody).layers == tt.LayerRange(10, 20)
+    no_disk = tt.AssignRequest(8 * GIB, GIB, "cpu")
+    reply = Assignments().assign(NodeId("n"), no_disk, MODELS, nobody)
+    assert reply.status.code == StatusCode.NOT_FOUND
+    assert reply.status.message == ("out of memory or disk: the smallest published part needs 2.00 GiB; this node "
+                                    "offers 8.00 GiB of memory and 1.00 GiB of disk")
+    empty = Assignments().assign(NodeId("n"), OFFER, {}, nobody)
+    assert empty.status.message == "this tracker publishes no model (//python:publish)"
+
+
+def test_a_node_asking_again_keeps_its_part_until_it_lapses_or_registers():
+    clock = Clock()
+    assignments = Assignments(hold_seconds=60, clock=clock)
+    first = assignments.assign(NodeId("a"), OFFER, MODELS, nobody)
+    again = assignments.assign(NodeId("a"), OFFER, MODELS, nobody)
+    assert again.layers == first.layers and "assigned before" in again.reason
+    clock.now = 200.0  # lapsed: the range counts as unserved again
+    assert assignments.assign(NodeId("b"), OFFER, MODELS, nobody).layers == first.layers
+    assignments.release(NodeId("b"))  # it registered: now the coverage map counts it
+    assert assignments.assign(NodeId("c"), OFFER, MODELS, nobody).layers == first.layers

@@ -1,0 +1,155 @@
+"""Issue 50: a swarm that forms itself, on real processes. A tracker's files made in one call
+(`state_dir.init`, as `tracker --init` makes them), the bundled model published in three parts
+(//python:publish), the tracker serving from its state; then three GGUF nodes that each start
+with only `--join INVITE` and an empty data directory. Each redeems the invite, is assigned a
+range by the tracker (uncovered ones first), fetches only its part from the tracker, checked
+piece by piece, and serves; a generation through them equals single-process llama.cpp. A node
+restarted on its data directory neither redeems nor fetches again, and a fourth node with the
+used-up invite is refused with the reason while the swarm serves on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshnet.identity.keys import Identity
+from meshnet.process import child_env
+from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.recipe.certify import uncertified_entry
+from meshnet.recipe.cut_model import even_cuts
+from meshnet.swarm.local import wait_for_port
+from meshnet.tracker.invite_command import main as invite
+from meshnet.tracker.publish_command import main as publish
+from meshnet.tracker.state_dir import StateDir, init
+from route_cases import PROMPTS, generate, llama_cpp_greedy, tokenizer  # noqa: F401 - fixtures
+
+GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
+WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
+GREEDY = Path(os.environ["MESHNET_GREEDY_BINARY"]).resolve()
+CUTS = even_cuts(30, 3)
+TOKENS = 24
+
+
+def made_invite(state: StateDir, address: str, uses: int) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert invite(["make", "--state", str(state.root), "--role", "node", "--tracker", address,
+                       "--uses", str(uses)]) == 0
+    return out.getvalue().strip()
+
+
+class Joiner:
+    """A node process started with --join and nothing else that says what it serves."""
+
+    def __init__(self, workdir: Path, name: str, invite_text: str) -> None:
+        self.data, self.log, self.port_file = workdir / name, workdir / f"{name}.log", workdir / f"{name}.port"
+        self.port_file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "meshnet.node.main", "--join", invite_text, "--data-dir", str(self.data),
+             "--max-memory", "2G", "--worker-binary", str(WORKER), "--listen", "127.0.0.1:0",
+             "--heartbeat-seconds", "0.5", "--drain-seconds", "2", "--port-file", str(self.port_file)],
+            env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
+
+    def wait_ready(self) -> "Joiner":
+        wait_for_port(self.proc, self.port_file, self.log, 300, f"node {self.data.name}")
+        return self
+
+    def events(self, step: str) -> list[dict]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            if line.startswith("{") and f'"step": "{step}"' in line:
+                out.append(json.loads(line))
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    work = tmp_path_factory.mktemp("join")
+    state = StateDir(work / "tracker")
+    init(state, ["localhost"], ["127.0.0.1"])
+    state.models.write_text(json.dumps([uncertified_entry(GGUF, "smollm2", "gguf", None, ["cpu"])]))
+    ranges = ",".join(f"{a}:{b}" for a, b in CUTS)
+    assert publish(["--state", str(state.root), "--gguf", str(GGUF), "--model", "smollm2", "--ranges", ranges,
+                    "--allow-uncertified", "--piece-mib", "4"]) == 0
+    log = work / "tracker.log"
+    tracker = subprocess.Popen([sys.executable, "-m", "meshnet.tracker.main", "--state", str(state.root),
+                                "--listen", "127.0.0.1:0", "--allow-uncertified", "--lease-seconds", "3",
+                                "--port-file", str(work / "tracker.port")],
+                               env=child_env(), stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+    address = f"127.0.0.1:{wait_for_port(tracker, work / 'tracker.port', log, 60, 'tracker')}"
+    text = made_invite(state, address, uses=3)
+    nodes = []
+    try:
+        for i in range(3):  # one after another, as operators add machines
+            nodes.append(Joiner(work, f"node-{i}", text).wait_ready())
+        yield work, state, address, text, nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        tracker.terminate()
+        tracker.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tracker(swarm):
+    _, state, address, _, _ = swarm
+    roles = json.loads(state.roles.read_text())
+    with TrackerClient(address, roles["client"], Identity.generate(), tracker_ca=state.tls_cert.read_bytes(),
+                       tls_name="localhost") as client:
+        yield client
+
+
+def test_three_nodes_join_with_an_invite_and_each_fetches_only_its_part(swarm, tracker):
+    _, state, _, _, nodes = swarm
+    coverage = tracker.coverage("smollm2")
+    assert coverage.routable_count == 3 and not coverage.gaps, coverage
+    assert sorted((n.layers.start, n.layers.end) for n in coverage.nodes) == sorted(CUTS)
+    published = json.loads((state.published / "smollm2" / "manifest.json").read_text())
+    sizes = {(p["start"], p["end"]): p["size"] for p in published["parts"]}
+    for node in nodes:
+        (assigned,) = node.events("assigned")
+        layers = tuple(assigned["layers"])
+        (fetched,) = node.events("fetched")
+        assert fetched["bytes"] == sizes[layers] and fetched["per_source"] == {"tracker": sizes[layers]}
+        held = sorted(p.name for p in (node.data / "parts").iterdir())
+        assert held == [assigned["part"]]  # its part only: no whole file, nothing half-fetched
+        assert (node.data / "parts" / assigned["part"]).stat().st_size < GGUF.stat().st_size  # not the whole model
+    order = [sizes[tuple(n.events("assigned")[0]["layers"])] for n in nodes]
+    assert order == sorted(order, reverse=True)  # every range uncovered: the largest part first
+
+
+def test_a_generation_through_the_joined_nodes_equals_llama_cpp(swarm, tracker, tokenizer):
+    for prompt in PROMPTS[:2]:
+        expected = llama_cpp_greedy(GREEDY, GGUF, tokenizer(prompt)["input_ids"], TOKENS)
+        assert generate(tracker, tokenizer, prompt, TOKENS) == expected, prompt
+
+
+def test_a_used_up_invite_is_refused_and_a_restart_neither_redeems_nor_fetches_again(swarm, tracker, tokenizer):
+    work, _, _, text, nodes = swarm
+    late = Joiner(work, "node-late", text)
+    assert late.proc.wait(timeout=120) == 2
+    assert "is used up (3 of 3 uses)" in late.log.read_text()
+    assert not (work / "node-late" / "parts").exists()
+    nodes[1].stop()
+    again = Joiner(work, "node-1", text).wait_ready()  # the same data directory
+    nodes[1] = again
+    assert again.events("redeemed before") and len(again.events("redeemed")) == 1  # the first start's only
+    fetched = again.events("fetched")[-1]
+    assert fetched["resumed_bytes"] == fetched["bytes"] and fetched["per_source"] == {}
+    assert tracker.coverage("smollm2").routable_count == 3
+    prompt = PROMPTS[0]
+    assert generate(tracker, tokenizer, prompt, TOKENS) == llama_cpp_greedy(
+        GREEDY, GGUF, tokenizer(prompt)["input_ids"], TOKENS)
