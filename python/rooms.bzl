@@ -31,7 +31,7 @@ ROOMS = {
     ),
     "identity": struct(imports = _BASE + ["protocol", "wire"], test_imports = []),
     # Weights from peers (issue 50): signed manifests of a model's parts, pieces fetched and checked.
-    "weights": struct(imports = _BASE + ["identity", "recipe", "weights.v1"], test_imports = []),
+    "weights": struct(imports = _BASE + ["identity", "peers", "recipe", "weights.v1"], test_imports = []),
     "relay": struct(imports = _BASE + ["identity", "peers", "relay.v1"], test_imports = ["protocol"]),
     "client": struct(imports = _BASE + ["identity", "protocol", "wire"], test_imports = []),
     "reference": struct(

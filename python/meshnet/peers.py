@@ -17,6 +17,15 @@ IPV4_PREFIX = 24
 IPV6_PREFIX = 64
 
 
+def grpc_peer_host(peer: str) -> str:
+    """The address in gRPC's peer string: 'ipv4:1.2.3.4:5678' -> '1.2.3.4', 'ipv6:[::1]:5678' ->
+    '::1'; anything else as it is."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rpartition(":")[0].strip("[]")
+    return peer
+
+
 def peer_prefix(address: str) -> str:
     """The network an IP address counts in: '1.2.3.4' -> '1.2.3.0/24', '2001:db8::1' ->
     '2001:db8::/64' (an IPv4-mapped IPv6 address counts as its IPv4); anything else as it is."""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from meshnet.peers import ConnectionCaps, ConnectionCounts, peer_prefix
+from meshnet.peers import ConnectionCaps, ConnectionCounts, grpc_peer_host, peer_prefix
 
 
 def test_peer_prefixes():
@@ -11,6 +11,12 @@ def test_peer_prefixes():
     assert peer_prefix("::ffff:10.1.2.3") == "10.1.2.0/24"
     assert peer_prefix("unix:/tmp/sock") == "unix:/tmp/sock"
     assert peer_prefix("") == ""
+
+
+def test_grpc_peer_hosts():
+    assert grpc_peer_host("ipv4:10.1.2.3:5678") == "10.1.2.3"
+    assert grpc_peer_host("ipv6:[::1]:5678") == "::1"
+    assert grpc_peer_host("unix:/tmp/sock") == "unix:/tmp/sock"
 
 
 def test_connections_are_capped_per_peer_per_prefix_and_in_all_with_a_share_kept_per_prefix():

@@ -1,11 +1,14 @@
 """Issue 50: a swarm that forms itself, on real processes. A tracker's files made in one call
-(`state_dir.init`, as `tracker --init` makes them), the bundled model published in three parts
-(//python:publish), the tracker serving from its state; then three GGUF nodes that each start
-with only `--join INVITE` and an empty data directory. Each redeems the invite, is assigned a
-range by the tracker (uncovered ones first), fetches only its part from the tracker, checked
-piece by piece, and serves; a generation through them equals single-process llama.cpp. A node
-restarted on its data directory neither redeems nor fetches again, and a fourth node with the
-used-up invite is refused with the reason while the swarm serves on."""
+(`state_dir.init`, as `tracker --init` makes them), the bundled model published in two parts
+(//python:publish), the tracker serving from its state; then four GGUF nodes that each start
+with only `--join INVITE` and an empty data directory, one after another. Each redeems the
+invite, is assigned a range by the tracker (the least served first), fetches only its part,
+checked piece by piece, from the tracker and from the nodes already serving that part, and
+serves. The first node serves corrupted pieces (--cheat-pieces): the third, joining for its
+part, drops it and completes from the tracker; the fourth fetches from an honest peer too. A
+generation through them equals single-process llama.cpp. A node restarted on its data directory
+neither redeems nor fetches again, and a fifth with the used-up invite is refused with the
+reason while the swarm serves on."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from route_cases import PROMPTS, generate, llama_cpp_greedy, tokenizer  # noqa: 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
 WORKER = Path(os.environ["MESHNET_WORKER_BINARY"]).resolve()
 GREEDY = Path(os.environ["MESHNET_GREEDY_BINARY"]).resolve()
-CUTS = even_cuts(30, 3)
+CUTS = even_cuts(30, 2)
 TOKENS = 24
 
 
@@ -49,14 +52,22 @@ def made_invite(state: StateDir, address: str, uses: int) -> str:
 class Joiner:
     """A node process started with --join and nothing else that says what it serves."""
 
-    def __init__(self, workdir: Path, name: str, invite_text: str) -> None:
+    def __init__(self, workdir: Path, name: str, invite_text: str, *extra: str) -> None:
         self.data, self.log, self.port_file = workdir / name, workdir / f"{name}.log", workdir / f"{name}.port"
         self.port_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "meshnet.node.main", "--join", invite_text, "--data-dir", str(self.data),
              "--max-memory", "2G", "--worker-binary", str(WORKER), "--listen", "127.0.0.1:0",
-             "--heartbeat-seconds", "0.5", "--drain-seconds", "2", "--port-file", str(self.port_file)],
+             "--heartbeat-seconds", "0.5", "--drain-seconds", "2", "--port-file", str(self.port_file), *extra],
             env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
+
+    @property
+    def node_id(self) -> str:
+        return Identity.from_pem((self.data / "identity.pem").read_bytes()).node_id
+
+    def lines(self, event: str) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()
+                if line.startswith("{") and f'"event": "{event}"' in line]
 
     def wait_ready(self) -> "Joiner":
         wait_for_port(self.proc, self.port_file, self.log, 300, f"node {self.data.name}")
@@ -90,11 +101,11 @@ def swarm(tmp_path_factory):
                                 "--port-file", str(work / "tracker.port")],
                                env=child_env(), stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     address = f"127.0.0.1:{wait_for_port(tracker, work / 'tracker.port', log, 60, 'tracker')}"
-    text = made_invite(state, address, uses=3)
+    text = made_invite(state, address, uses=4)
     nodes = []
     try:
-        for i in range(3):  # one after another, as operators add machines
-            nodes.append(Joiner(work, f"node-{i}", text).wait_ready())
+        for i in range(4):  # one after another, as operators add machines; the first serves corrupted pieces
+            nodes.append(Joiner(work, f"node-{i}", text, *(["--cheat-pieces"] if i == 0 else [])).wait_ready())
         yield work, state, address, text, nodes
     finally:
         for node in nodes:
@@ -112,23 +123,28 @@ def tracker(swarm):
         yield client
 
 
-def test_three_nodes_join_with_an_invite_and_each_fetches_only_its_part(swarm, tracker):
+def test_four_nodes_join_with_an_invite_and_each_fetches_only_its_part(swarm, tracker):
     _, state, _, _, nodes = swarm
     coverage = tracker.coverage("smollm2")
-    assert coverage.routable_count == 3 and not coverage.gaps, coverage
-    assert sorted((n.layers.start, n.layers.end) for n in coverage.nodes) == sorted(CUTS)
+    assert coverage.routable_count == 4 and not coverage.gaps, coverage
+    assert sorted((n.layers.start, n.layers.end) for n in coverage.nodes) == sorted(CUTS + CUTS)
     published = json.loads((state.published / "smollm2" / "manifest.json").read_text())
     sizes = {(p["start"], p["end"]): p["size"] for p in published["parts"]}
-    for node in nodes:
-        (assigned,) = node.events("assigned")
-        layers = tuple(assigned["layers"])
+    layers = [tuple(n.events("assigned")[0]["layers"]) for n in nodes]
+    assert layers[0] != layers[1] and layers[2] == layers[0] and layers[3] == layers[1]  # the least served first
+    for node, held_layers in zip(nodes, layers):
         (fetched,) = node.events("fetched")
-        assert fetched["bytes"] == sizes[layers] and fetched["per_source"] == {"tracker": sizes[layers]}
-        held = sorted(p.name for p in (node.data / "parts").iterdir())
-        assert held == [assigned["part"]]  # its part only: no whole file, nothing half-fetched
-        assert (node.data / "parts" / assigned["part"]).stat().st_size < GGUF.stat().st_size  # not the whole model
-    order = [sizes[tuple(n.events("assigned")[0]["layers"])] for n in nodes]
-    assert order == sorted(order, reverse=True)  # every range uncovered: the largest part first
+        assert fetched["bytes"] == sizes[held_layers] and sum(fetched["per_source"].values()) == sizes[held_layers]
+        part = node.events("assigned")[0]["part"]
+        assert sorted(p.name for p in (node.data / "parts").iterdir()) == [part, f"{part}.manifest.json"]
+        assert (node.data / "parts" / part).stat().st_size < GGUF.stat().st_size  # its part, not the whole model
+    assert set(nodes[0].events("fetched")[0]["per_source"]) == {"tracker"}  # nobody held its part yet
+    # The third fetched from the tracker and was offered the corrupting first node: every piece
+    # it took from it was dropped and reported, none written.
+    bad = {line["source"] for line in nodes[2].lines("bad_piece")}
+    assert bad == {nodes[0].node_id} and nodes[0].node_id not in nodes[2].events("fetched")[0]["per_source"]
+    # The fourth fetched from the tracker and from the honest second node, both at once.
+    assert set(nodes[3].events("fetched")[0]["per_source"]) == {"tracker", nodes[1].node_id}
 
 
 def test_a_generation_through_the_joined_nodes_equals_llama_cpp(swarm, tracker, tokenizer):
@@ -141,7 +157,7 @@ def test_a_used_up_invite_is_refused_and_a_restart_neither_redeems_nor_fetches_a
     work, _, _, text, nodes = swarm
     late = Joiner(work, "node-late", text)
     assert late.proc.wait(timeout=120) == 2
-    assert "is used up (3 of 3 uses)" in late.log.read_text()
+    assert "is used up (4 of 4 uses)" in late.log.read_text()
     assert not (work / "node-late" / "parts").exists()
     nodes[1].stop()
     again = Joiner(work, "node-1", text).wait_ready()  # the same data directory
@@ -149,7 +165,7 @@ def test_a_used_up_invite_is_refused_and_a_restart_neither_redeems_nor_fetches_a
     assert again.events("redeemed before") and len(again.events("redeemed")) == 1  # the first start's only
     fetched = again.events("fetched")[-1]
     assert fetched["resumed_bytes"] == fetched["bytes"] and fetched["per_source"] == {}
-    assert tracker.coverage("smollm2").routable_count == 3
+    assert tracker.coverage("smollm2").routable_count == 4
     prompt = PROMPTS[0]
     assert generate(tracker, tokenizer, prompt, TOKENS) == llama_cpp_greedy(
         GREEDY, GGUF, tokenizer(prompt)["input_ids"], TOKENS)

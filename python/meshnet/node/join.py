@@ -30,7 +30,7 @@ import grpc
 
 from meshnet.identity.invites import InviteError, decode
 from meshnet.identity.keys import Identity
-from meshnet.identity.tls import write_private
+from meshnet.identity.tls import NODE_TLS_NAME, write_private
 from meshnet.process import log, parse_size
 from meshnet.protocol.invite_redemption import InviteRefusedByTracker, redeem
 from meshnet.protocol.tracker_client import TrackerClient
@@ -115,18 +115,28 @@ def join(invite_text: str, data_dir: Path, max_memory: Optional[int], device: st
         if part is None or part.file != reply.part_file:
             raise ManifestError(f"the manifest of {reply.model} has no part {reply.part_file} for the assigned range")
         download = PartDownload(joined.parts, manifest, part)
+        manifest_path = joined.parts / f"{part.file}.manifest.json"
+        write_private(manifest_path, manifest.encode())  # re-checked against the tracker key when served
         if download.resumed_bytes:
             log("join", step="resuming", part=part.file, verified_bytes=download.resumed_bytes)
-        done = fetch(download, [GrpcPieceSource("tracker", chan, token, manifest)],
-                     on_bad=lambda name, index: log("bad_piece", source=name, part=part.file, piece=index),
-                     on_progress=_show)
+        peers = [(peer.node_id, channel(peer.pieces_address, peer.tls_certificate.encode(), NODE_TLS_NAME))
+                 for peer in reply.sources if peer.pieces_address and peer.tls_certificate]
+        sources = [GrpcPieceSource("tracker", chan, token, manifest),
+                   *(GrpcPieceSource(name, peer_chan, token, manifest) for name, peer_chan in peers)]
+        try:
+            done = fetch(download, sources, on_progress=_show,
+                         on_bad=lambda name, index: log("bad_piece", source=name, part=part.file, piece=index))
+        finally:
+            for _, peer_chan in peers:
+                peer_chan.close()
     finally:
         chan.close()
     log("join", step="fetched", part=part.file, bytes=done.done_bytes, resumed_bytes=done.resumed_bytes,
         per_source=done.per_source, seconds=round(done.seconds, 2))
     return ["--tracker", ",".join(trackers), "--token-file", str(joined.token), "--tracker-ca", str(joined.certificate),
             "--tracker-tls-name", tls_name, "--identity", str(joined.identity), "--gguf", str(joined.parts / part.file),
-            "--model", reply.model, "--layers", f"{part.start}:{part.end}", "--backend", "gguf"]
+            "--model", reply.model, "--layers", f"{part.start}:{part.end}", "--backend", "gguf",
+            "--pieces-manifest", str(manifest_path)]
 
 
 def resolve(argv: list[str]) -> list[str]:
@@ -149,3 +159,49 @@ def resolve(argv: list[str]) -> list[str]:
     except (InviteError, InviteRefusedByTracker, ManifestError, FetchError, LookupError, OSError, ValueError) as err:
         parser.exit(2, f"node --join: {err}\n")
     return flags + ["--device", known.device] + rest
+
+
+def add_pieces_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pieces-manifest", type=Path,
+                        help="serve the pieces of --gguf, a part of this manifest (signed by the tracker), to nodes "
+                        "joining for the same range (--join sets it)")
+    parser.add_argument("--pieces-listen", help="host:port of that Pieces service (default: --listen's host, port 0)")
+    parser.add_argument("--cheat-pieces", action="store_true",
+                        help="TESTS ONLY: serve every piece with its first byte flipped (joining peers must drop it)")
+
+
+class ServedPieces:
+    def __init__(self, server, address: str) -> None:
+        self._server, self.address = server, address
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+def serve_pieces(args: argparse.Namespace, token: str, tracker_key: bytes,
+                 tls_pair: Optional[tuple[bytes, bytes]]) -> Optional[ServedPieces]:
+    """The node's Pieces service for its part (with --pieces-manifest), for peers holding the node
+    token; None without the flag."""
+    from meshnet.weights.piece_service import PieceServer, PublishedModels
+
+    if args.pieces_manifest is None:
+        return None
+    models = PublishedModels.held(args.pieces_manifest, args.gguf.parent, tracker_key)
+    if args.cheat_pieces:
+        models = _Corrupting(models)
+    host = (args.pieces_listen or args.listen).rpartition(":")[0]
+    listen = args.pieces_listen or f"{host}:0"
+    server = PieceServer(models, lambda given: "node" if given and given == token else None, listen, tls_pair)
+    log("pieces", address=f"{host}:{server.port}", model=next(iter(models.models)))
+    return ServedPieces(server, f"{host}:{server.port}")
+
+
+class _Corrupting:
+    """--cheat-pieces (tests only): every piece served with its first byte flipped."""
+
+    def __init__(self, models) -> None:
+        self._models, self.models = models, models.models
+
+    def piece(self, model: str, file: str, index: int) -> bytes:
+        data = self._models.piece(model, file, index)
+        return bytes([data[0] ^ 1]) + data[1:]

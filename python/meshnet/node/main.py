@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                         "together may then differ from solo (ADR 0009, 0010)")
     parser.add_argument("--cheat", help="TESTS ONLY: a cheating worker (noise:F, garbage, forge_tokens, skip_layer) that audits "
                         "must catch (ADR 0008)")
+    join.add_pieces_arguments(parser)
     parser.add_argument("--cheat-serve-gguf", type=Path, help="TESTS ONLY: the worker loads this GGUF (e.g. a cheaper "
                         "quantization) while the node registers --gguf's fingerprints")
     args = parser.parse_args(argv)
@@ -248,14 +249,23 @@ def main(argv: list[str] | None = None) -> int:
             backend.stop()
             return 1
         try:
+            pieces = join.serve_pieces(args, token, tracker_key, (cert_pem, key_pem) if cert_pem else None)
+        except (OSError, ValueError) as err:
+            log("pieces_unavailable", manifest=str(args.pieces_manifest), error=str(err))
+            backend.stop()
+            return 1
+        try:
             return serve(args, tracker, backend, via, tt.NodeInfo(
                 node_id, backend.address, backend.kind, args.model, summary.architecture,
                 Fingerprints(artifact, recipe.fingerprint()), range_fp, tt.LayerRange(start, end),
                 tt.Capacity(args.max_sessions, max_kv_tokens, budget.memory_bytes if budget else 0,
                             backend.max_session_tokens),
                 summary.n_layer, identity.public_key, cert_pem.decode() if cert_pem else "",
-                device=budget.device if budget else None), metrics, restarts)
+                device=budget.device if budget else None,
+                pieces_address=pieces.address if pieces else ""), metrics, restarts)
         finally:
+            if pieces is not None:
+                pieces.stop()
             if relay is not None:
                 relay.stop()
             if http is not None:

@@ -42,7 +42,7 @@ import grpc
 
 from meshnet.identity import keys
 from meshnet.identity.requests import RequestAuthError, bearer_token, verify_request
-from meshnet.peers import peer_prefix
+from meshnet.peers import grpc_peer_host, peer_prefix
 from meshnet.process import log
 from meshnet.relay.v1 import relay_pb2, relay_pb2_grpc
 
@@ -53,12 +53,6 @@ PING = "/meshnet.relay.v1.Relay/Ping"
 CONNECTION_METADATA = "x-meshnet-connection"
 KEEPALIVE_MS = 10_000  # an agent pings its relay this often, calls or not
 MAX_PORTS_REMEMBERED = 1024  # nodes whose last allocation's port is offered again on re-attach
-
-
-def peer_host(peer: str) -> str:
-    """The IP address in a gRPC peer string ("ipv4:10.0.0.1:5000", "ipv6:[::1]:5000")."""
-    address = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
-    return address.rpartition(":")[0].strip("[]") or address
 
 
 def agent_options(keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:
@@ -246,7 +240,7 @@ class RelayServer(relay_pb2_grpc.RelayServicer):
         if request.node_id != node_id:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"node {request.node_id!r} is not the id of the signing key ({node_id})")
-        peer = peer_host(context.peer())
+        peer = grpc_peer_host(context.peer())
         others = [a for a in self._allocations.values() if a.node_id != node_id]
         if sum(a.peer == peer for a in others) >= self.limits.max_nodes_per_peer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"this relay holds its maximum of "

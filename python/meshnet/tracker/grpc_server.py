@@ -46,7 +46,7 @@ import grpc
 
 from meshnet.identity import requests
 from meshnet.identity import tls as tls_material
-from meshnet.peers import ConnectionCaps, peer_prefix
+from meshnet.peers import ConnectionCaps, grpc_peer_host, peer_prefix
 from meshnet.tracker.connection_front import UPSTREAM_HOST, ConnectionFront
 from meshnet.tracker.v1 import tracker_pb2_grpc
 from meshnet.weights.piece_service import PieceService, PublishedModels
@@ -87,14 +87,6 @@ class ServerLimits:
                                                  reserved_per_prefix=4, overflow=256)  # on the public port
 
 
-def peer_address(peer: str) -> str:
-    """'ipv4:1.2.3.4:5678' -> '1.2.3.4', 'ipv6:[::1]:5678' -> '::1'; anything else as it is."""
-    kind, _, rest = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return rest.rpartition(":")[0].strip("[]")
-    return peer
-
-
 class _Counts:
     """Calls counted per key and in all; the loop thread only."""
 
@@ -118,7 +110,7 @@ class _Gate(grpc.aio.ServerInterceptor):
 
     def __init__(self, method_roles: Mapping[str, frozenset[str]], role_of: Callable[[str], Optional[str]],
                  on_refused: Callable[[str, Refused, float], None], limits: ServerLimits,
-                 peer_of: Callable[[str], str] = peer_address) -> None:
+                 peer_of: Callable[[str], str] = grpc_peer_host) -> None:
         self._roles, self._role_of, self._on_refused, self._limits = method_roles, role_of, on_refused, limits
         self.peer_of = peer_of  # gRPC's peer string -> the address that connected
         self._in_progress: collections.Counter = collections.Counter()  # per peer; the loop thread only
@@ -285,7 +277,7 @@ class TrackerServer:
                 PieceService(self._published, self._service_role, lambda peer: self.front.peer_of(peer)), self._server)
         upstream = tls_material.bind(self._server, f"{UPSTREAM_HOST}:0", tls)
         await self._server.start()
-        self.front = ConnectionFront(within_file_limit(limits.connections), upstream, peer_address)
+        self.front = ConnectionFront(within_file_limit(limits.connections), upstream, grpc_peer_host)
         self._gate.peer_of = self.front.peer_of
         try:
             return await self.front.start(listen)

@@ -18,7 +18,7 @@ from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.identity.roles import new_role_tokens
 from meshnet.tracker.grpc_fixtures import (MODEL, ANSWERED_WITHIN_S, Attack, honest_calls, refusals,  # noqa: F401
                                            tracker)
-from meshnet.tracker.grpc_server import NODE_METHODS, Refused, ServerLimits, _Gate, peer_address
+from meshnet.tracker.grpc_server import NODE_METHODS, Refused, ServerLimits, _Gate
 from meshnet.tracker.ledger.ledger import Ledger
 from meshnet.tracker.registry import Registry
 from meshnet.tracker.service import serve
@@ -71,12 +71,6 @@ def test_a_peer_past_its_share_is_refused_and_waiting_calls_are_cut_at_the_deadl
         assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
     finally:
         attack.stop()
-
-
-def test_peer_addresses():
-    assert peer_address("ipv4:10.1.2.3:5678") == "10.1.2.3"
-    assert peer_address("ipv6:[::1]:5678") == "::1"
-    assert peer_address("unix:/tmp/sock") == "unix:/tmp/sock"
 
 
 def test_a_public_method_is_answered_without_waiting_for_its_message(tracker):

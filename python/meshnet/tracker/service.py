@@ -54,6 +54,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "TakeAudit": frozenset({"verifier"}), "ReportAudit": frozenset({"verifier"}),
 }
 TICKET_SECONDS = 600.0
+MAX_PIECE_SOURCES = 16  # peers named to a joining node as sources of its part
 GATEWAY_CLIENT_PREFIX = "key:"  # client_ids the gateway bills its API keys' work to; no other role may
 REACHABILITY_TIMEOUT_S = 2.0
 
@@ -201,6 +202,10 @@ class TrackerService:
                       if name in self._registry.models}
             reply = self._assignments.assign(keys.node_id(caller), req, models,
                                              served_by(lambda model: self._registry.coverage(model)))
+            if reply.status.ok:  # the nodes that serve this very part's pieces: fetched from too
+                peers = tuple(n for n in self._registry.coverage(reply.model).nodes
+                              if n.pieces_address and n.layers == reply.layers and n.node_id != keys.node_id(caller))
+                reply = dataclasses.replace(reply, sources=peers[:MAX_PIECE_SOURCES])
             log("assign", node=keys.node_id(caller), model=reply.model, part=reply.part_file,
                 status=reply.status.code.name if reply.status else None, reason=reply.reason or reply.status.message)
             return reply

@@ -68,6 +68,20 @@ class PublishedModels:
                 continue
             self.models[manifest.model] = Published(manifest, encoded, directory)
 
+    @classmethod
+    def held(cls, manifest_path: Path, parts_dir: Path, tracker_key: bytes) -> "PublishedModels":
+        """A node's: the one model whose manifest it fetched (signed by `tracker_key`), serving
+        only the parts it holds whole under `parts_dir`; ManifestError or OSError otherwise."""
+        encoded = manifest_path.read_bytes()[:MAX_MANIFEST_BYTES + 1]
+        manifest = parse(encoded, tracker_key)
+        held = tuple(p for p in manifest.parts
+                     if (parts_dir / p.file).is_file() and (parts_dir / p.file).stat().st_size == p.size)
+        if not held:
+            raise FileNotFoundError(f"{parts_dir} holds no part of {manifest.model}'s manifest whole")
+        models = cls.__new__(cls)
+        models.models = {manifest.model: Published(dataclasses.replace(manifest, parts=held), encoded, parts_dir)}
+        return models
+
     def piece(self, model: str, file: str, index: int) -> bytes:
         """The piece's bytes from the part on disk; LookupError when the manifest has no such piece."""
         published = self.models.get(model)
@@ -121,3 +135,37 @@ class PieceService(weights_pb2_grpc.PiecesServicer):
             if self._in_flight[peer] <= 0:
                 del self._in_flight[peer]
             self._total -= 1
+
+
+class PieceServer:
+    """A Pieces service on its own event-loop thread (a node's, serving its part to joining
+    peers); the tracker adds PieceService to its own server instead."""
+
+    def __init__(self, models: PublishedModels, role_of: Callable[[str], Optional[str]], listen: str,
+                 tls: Optional[tuple[bytes, bytes]], limits: PieceLimits = PieceLimits()) -> None:
+        import threading
+
+        from meshnet.peers import grpc_peer_host
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="pieces")
+        self._thread.start()
+
+        async def start() -> int:
+            self._server = grpc.aio.server(options=[("grpc.max_concurrent_streams", limits.max_per_peer)])
+            weights_pb2_grpc.add_PiecesServicer_to_server(PieceService(models, role_of, grpc_peer_host, limits),
+                                                          self._server)
+            if tls is None:
+                port = self._server.add_insecure_port(listen)
+            else:
+                port = self._server.add_secure_port(listen, grpc.ssl_server_credentials([(tls[1], tls[0])]))
+            if port == 0:
+                raise OSError(f"cannot listen on {listen}")
+            await self._server.start()
+            return port
+
+        self.port = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._server.stop(1.0), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)

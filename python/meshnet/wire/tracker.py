@@ -77,6 +77,7 @@ class NodeInfo:
     relay: str = ""  # host:port of the relay `address` is an allocation on; "" = reached directly
     relay_rtt_ms: float = 0.0  # the node's measured round trip to that relay
     device: Optional[Device] = None  # where the range computes; None: not reported
+    pieces_address: str = ""  # host:port of its Pieces service (the part it holds, to joining peers); "" none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +287,7 @@ class AssignReply:
     layers: Optional[LayerRange] = None
     part_file: str = ""  # the manifest's part holding `layers`
     reason: str = ""  # why this part, or why none
+    sources: tuple[NodeInfo, ...] = ()  # routable nodes serving this part's pieces
 
 
 @dataclasses.dataclass(frozen=True)
