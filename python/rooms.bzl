@@ -24,6 +24,8 @@ ROOMS = {
     "wire": struct(imports = [], test_imports = []),
     "text": struct(imports = [], test_imports = []),
     "recipe": struct(imports = [], test_imports = []),
+    # The placement planner (issue 51): a pure function, no other room (DESIGN: its own room).
+    "placement": struct(imports = [], test_imports = []),
     "protocol": struct(
         imports = ["wire", "identity", "diag.v1", "shard.v1", "tracker.v1"],
         # readers_test reads the sources of every room that speaks the seam.

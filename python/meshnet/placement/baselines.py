@@ -46,7 +46,8 @@ def _split(model: ModelShape, group: Sequence[NodeOffer], kv_tokens: int) -> lis
     return ranges if fits else None
 
 
-def _group(model: ModelShape, queue: list[NodeOffer], kv_tokens: int) -> tuple[list[NodeOffer], list[tuple[int, int]]] | None:
+def _group(model: ModelShape, queue: list[NodeOffer],
+           kv_tokens: int) -> tuple[list[NodeOffer], list[tuple[int, int]]] | None:
     """The shortest prefix of `queue` whose memory-proportional split fits, or None."""
     need = model.memory_bytes(0, model.n_layer, kv_tokens)
     total = 0.0
@@ -127,29 +128,24 @@ def _window(model: ModelShape, budget: int, kv_tokens: int, throughput: np.ndarr
     n = model.n_layer
     if model.memory_bytes(0, n, kv_tokens) <= budget:
         return 0, n
+    cumulative = np.r_[0, np.cumsum(np.asarray(model.layer_bytes, dtype=np.float64)
+                                    + kv_tokens * np.asarray(model.kv_bytes_per_token, dtype=np.float64))]
+    first = min(n - 1, int(np.searchsorted(cumulative, budget - model.embedding_bytes, side="right")) - 1)
+    last = n - int(np.searchsorted(cumulative, cumulative[n] + model.output_bytes - budget, side="left"))
+    last = min(n - 1, last)
     size = min(n, budget // _layer_memory(model, kv_tokens))
-    windows = [(s, s + size) for s in range(1, n - size)] if size >= 1 else []
-    first = _longest(model, budget, kv_tokens, lambda k: (0, k))
-    last = _longest(model, budget, kv_tokens, lambda k: (n - k, n))
-    windows += [w for w in (first, last) if w is not None]
+    windows = [(a, a + size) for a in range(1, n - size)] if size >= 1 else []
+    windows += [(0, first)] if first >= 1 else []
+    windows += [(n - last, n)] if last >= 1 else []
+    windows.sort()
     if not windows:
         return None
     width = max(b - a for a, b in windows)
     keys = np.full((len(windows), width), np.inf)
     for row, (a, b) in enumerate(windows):
         keys[row, : b - a] = np.sort(throughput[a:b])
-    order = np.lexsort(tuple(keys[:, k] for k in range(width - 1, -1, -1)) + ())
-    best = min(order[: 1 + int(np.sum(np.all(keys == keys[order[0]], axis=1))) - 1] if False else [order[0]])
-    return windows[int(best)]
-
-
-def _longest(model: ModelShape, budget: int, kv_tokens: int, window) -> tuple[int, int] | None:
-    """The widest window(k) (k < n_layer) whose memory fits `budget`, or None."""
-    for k in range(model.n_layer - 1, 0, -1):
-        a, b = window(k)
-        if model.memory_bytes(a, b, kv_tokens) <= budget:
-            return a, b
-    return None
+    order = np.lexsort(tuple(keys[:, k] for k in range(width - 1, -1, -1)))  # stable: ties keep the lower start
+    return windows[int(order[0])]
 
 
 def _plan(models: Sequence[ModelShape], nodes: Sequence[NodeOffer], assignments: list[Assignment],

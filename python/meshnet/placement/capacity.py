@@ -4,15 +4,12 @@ the chain search (chain.py) counts with.
 A `Pool` is one model against a set of candidate nodes, one row per (node, device). A stage on
 row r holding x layers takes `hop[r] + x * layer_seconds[r]` seconds per token, plus
 `head_seconds[r]` if it is the last stage (the output head is read once per token), and needs
-`x * layer_memory + embedding (first stage) + head (last stage)` bytes on that device, where
-`layer_memory` is a layer's weights plus the KV cells the targets reserve. Layers are counted as
-the model's largest (bytes and KV), so a count that fits fits whichever layers it is given: the
-counts are exact for a model whose decoder layers are all alike (every dense Llama- or
-Qwen-style model), conservative otherwise.
-
-Embeddings: only memory, only on the first stage. The middle and last counts leave them out
-(`embedding_everywhere=False`); the chain then puts first a stage with room for them beside its
-layers, and rebuilds the pool with them charged to every stage if none has room.
+`x * layer_memory`, plus the embeddings if it is the first stage and the head if it is the last,
+bytes on that device, where `layer_memory` is a layer's weights plus the KV cells the targets
+reserve. The embeddings cost memory only (a token's row is looked up, not read whole). Layers are
+counted as the model's largest (bytes and KV), so a count that fits fits whichever layers it is
+given: the counts are exact for a model whose decoder layers are all alike (every dense Llama-
+or Qwen-style model), conservative otherwise.
 """
 
 from __future__ import annotations
@@ -94,20 +91,21 @@ class Pool:
     head_seconds: np.ndarray  # per row: decode seconds of the output head
     memory: np.ndarray  # per row: the device's budget (bytes)
     mid_memory_layers: np.ndarray  # per row: layers its memory holds as a middle stage
+    first_memory_layers: np.ndarray  # per row: ... as the first stage (embeddings beside them)
     last_memory_layers: np.ndarray  # per row: ... as the last stage (head beside them)
     only_memory_layers: np.ndarray  # per row: ... as the only stage (embeddings and head beside them)
     layer_memory: int  # bytes one (largest) layer needs: weights plus reserved KV
     kv_tokens: int  # KV cells reserved per stage
-    embedding_everywhere: bool  # whether every stage's count left room for the embeddings
     uniform: bool  # every decoder layer has the same bytes and KV (counts are then exact)
+    node_starts: np.ndarray  # first row of each node
+    row_preference: np.ndarray  # per row: its rank by (layer seconds, device index): the tie-break among a node's rows
 
     @property
     def n_layer(self) -> int:
         return self.model.n_layer
 
 
-def build_pool(table: FleetTable, model: ModelShape, node_indices: Sequence[int], kv_tokens: int,
-               embedding_everywhere: bool = False) -> Pool:
+def build_pool(table: FleetTable, model: ModelShape, node_indices: Sequence[int], kv_tokens: int) -> Pool:
     """The pool of the table's nodes `node_indices` (ascending) for `model`, with `kv_tokens`
     KV cells reserved at every stage."""
     chosen = np.asarray(node_indices, dtype=np.int64)
@@ -116,7 +114,6 @@ def build_pool(table: FleetTable, model: ModelShape, node_indices: Sequence[int]
     layer_memory = largest + kv_tokens * max(model.kv_bytes_per_token)
     per_byte = table.seconds_per_byte(model)[rows]
     budget = table.memory[rows]
-    embedding = model.embedding_bytes if embedding_everywhere else 0
 
     def layers(extra: int) -> np.ndarray:
         return np.clip(np.floor((budget - extra) / layer_memory), 0, model.n_layer).astype(np.int64)
@@ -125,36 +122,26 @@ def build_pool(table: FleetTable, model: ModelShape, node_indices: Sequence[int]
         model=model, nodes=tuple(table.nodes[i] for i in chosen),
         row_node=np.searchsorted(chosen, table.row_node[rows]), row_device=table.row_device[rows],
         layer_seconds=per_byte * largest, hop=table.rtt[rows] + model.activation_bytes / table.bandwidth[rows],
-        head_seconds=per_byte * model.output_bytes, memory=budget,
-        mid_memory_layers=layers(embedding), last_memory_layers=layers(model.output_bytes + embedding),
+        head_seconds=per_byte * model.output_bytes, memory=budget, mid_memory_layers=layers(0),
+        first_memory_layers=layers(model.embedding_bytes), last_memory_layers=layers(model.output_bytes),
         only_memory_layers=layers(model.output_bytes + model.embedding_bytes),
-        layer_memory=layer_memory, kv_tokens=kv_tokens, embedding_everywhere=embedding_everywhere,
-        uniform=len(set(model.layer_bytes)) == 1 and len(set(model.kv_bytes_per_token)) == 1)
+        layer_memory=layer_memory, kv_tokens=kv_tokens,
+        uniform=len(set(model.layer_bytes)) == 1 and len(set(model.kv_bytes_per_token)) == 1,
+        node_starts=np.searchsorted(table.row_node[rows], chosen),
+        row_preference=np.argsort(np.lexsort((table.row_device[rows], per_byte)), kind="stable"))
 
 
-def charge_embedding_everywhere(pool: Pool) -> Pool:
-    """The same pool with the embeddings charged to every stage's memory (conservative)."""
-    model = pool.model
-
-    def layers(extra: int) -> np.ndarray:
-        return np.clip(np.floor((pool.memory - extra) / pool.layer_memory), 0, model.n_layer).astype(np.int64)
-
-    return dataclasses.replace(
-        pool, mid_memory_layers=layers(model.embedding_bytes),
-        last_memory_layers=layers(model.output_bytes + model.embedding_bytes), embedding_everywhere=True)
-
-
-def row_layers(pool: Pool, bottleneck: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row, the most layers it can hold within `bottleneck` seconds as a middle, last and
-    only stage (0 where it cannot hold one)."""
+def row_layers(pool: Pool, bottleneck: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, the most layers it can hold within `bottleneck` seconds as a middle, first, last
+    and only stage (0 where it cannot hold one)."""
     if math.isinf(bottleneck):
-        return pool.mid_memory_layers, pool.last_memory_layers, pool.only_memory_layers
-    mid = np.floor((bottleneck - pool.hop) / pool.layer_seconds + _ROUNDING)
-    last = np.floor((bottleneck - pool.hop - pool.head_seconds) / pool.layer_seconds + _ROUNDING)
-    mid = np.minimum(np.maximum(mid, 0), pool.mid_memory_layers).astype(np.int64)
-    last_layers = np.minimum(np.maximum(last, 0), pool.last_memory_layers).astype(np.int64)
-    only = np.minimum(np.maximum(last, 0), pool.only_memory_layers).astype(np.int64)
-    return mid, last_layers, only
+        return pool.mid_memory_layers, pool.first_memory_layers, pool.last_memory_layers, pool.only_memory_layers
+    by_time = np.maximum(np.floor((bottleneck - pool.hop) / pool.layer_seconds + _ROUNDING), 0)
+    by_time_last = np.maximum(np.floor((bottleneck - pool.hop - pool.head_seconds) / pool.layer_seconds + _ROUNDING), 0)
+    return (np.minimum(by_time, pool.mid_memory_layers).astype(np.int64),
+            np.minimum(by_time, pool.first_memory_layers).astype(np.int64),
+            np.minimum(by_time_last, pool.last_memory_layers).astype(np.int64),
+            np.minimum(by_time_last, pool.only_memory_layers).astype(np.int64))
 
 
 def node_layers(pool: Pool, per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,10 +149,10 @@ def node_layers(pool: Pool, per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray
     faster row, then the lower device index)."""
     if len(pool.row_node) == len(pool.nodes):
         return per_row, np.arange(len(per_row))
-    order = np.lexsort((pool.row_device, pool.layer_seconds, -per_row, pool.row_node))
-    starts = np.flatnonzero(np.r_[True, pool.row_node[order][1:] != pool.row_node[order][:-1]])
-    best_rows = order[starts]
-    return per_row[best_rows], best_rows
+    score = per_row * len(per_row) + (len(per_row) - 1 - pool.row_preference)  # more layers, then preferred
+    best = np.maximum.reduceat(score, pool.node_starts)
+    rows = np.flatnonzero(score == best[pool.row_node])
+    return per_row[rows], rows
 
 
 def stage_seconds(pool: Pool, row: int, start: int, end: int, last: bool) -> float:
@@ -185,5 +172,5 @@ def candidate_bottlenecks(pool: Pool) -> np.ndarray:
     mid = pool.hop[:, None] + pool.layer_seconds[:, None] * counts[None, :]
     fits_mid = counts[None, :] <= pool.mid_memory_layers[:, None]
     last = mid + pool.head_seconds[:, None]
-    fits_last = counts[None, :] <= np.maximum(pool.last_memory_layers, pool.only_memory_layers)[:, None]
+    fits_last = counts[None, :] <= pool.last_memory_layers[:, None]
     return np.unique(np.concatenate([mid[fits_mid], last[fits_last]]))

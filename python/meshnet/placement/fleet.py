@@ -145,6 +145,10 @@ class NodeOffer:
         _finite(f"node {self.node_id}: rtt_seconds", self.rtt_seconds)
         _finite(f"node {self.node_id}: bytes_per_second", self.bytes_per_second, strict=True)
         _finite(f"node {self.node_id}: fetch_bytes_per_second", self.fetch_bytes_per_second, strict=True)
+        backends = [device.backend for device in self.devices]
+        if len(set(backends)) != len(backends):
+            raise ValueError(f"node {self.node_id}: two devices share a backend name (an assignment names its "
+                             "device by it)")
         peers = [link.peer for link in self.links]
         if len(set(peers)) != len(peers):
             raise ValueError(f"node {self.node_id}: links name a peer twice")

@@ -2,27 +2,33 @@
 
 Called by the tracker (when a node joins, leaves, fails probation, or measured stage times
 drift; through stickiness.replan) and by the simulator. No I/O, no clock; equal inputs give
-equal plans (nodes are taken in id order and every tie breaks on it).
+equal plans whatever their order (nodes are taken in id order and every tie breaks on it).
 
 Objective, in order (issue 51):
 1. Cover every layer of every model: each model gets a primary route (chain.best_chain) from the
-   nodes still free, models with the most weight bytes first (then by name); a model no chain
-   of the free nodes can hold gets a Shortfall naming the layers left and the memory short.
-2. Balance: the primary route's slowest stage is as fast as it can be for its stage count, and
-   the stage count gives the least per-stream time per token max(D, sessions x T); a node that
-   would make that worse, and is not needed for memory, is left out of the primary route (its
-   note says why) and may still serve as a replica.
-3. Replicas (replicas.water_fill): the remaining nodes hold the primary routes' ranges, evenly,
-   up to 1 + targets.replicas holders per range.
+   nodes still free, models with the most weight bytes first (then by name). A model that no
+   chain of the free nodes can hold gets a Shortfall naming the layers left and the memory short.
+2. Balance: for each stage count the primary route's slowest stage is as fast as it can be
+   (exact), and the stage count is chosen for the most estimated tokens/s: the route's
+   sessions / max(D, sessions x T) times the routes the free nodes could fill with its ranges
+   (with one route wanted, simply the least per-token time). A node that would make that worse,
+   and is not needed for memory, is left out of the primary route (its note says why) and may
+   still serve as a replica.
+3. Replicas (replicas.water_fill): the remaining nodes hold the planned ranges, evenly, as many
+   as complete routes; nodes that complete none form the next round's routes with ranges of
+   their own (at most _MAX_ROUNDS rounds, only while targets.replicas is None); what is left
+   becomes failover spares, up to 1 + targets.replicas holders per range.
 4. Stickiness: among equally served ranges a replica takes one it holds on disk; moving nodes
    between plans is weighed by stickiness.replan.
 
-Exact: one model's primary route over the nodes it is searched among (chain.py says under what
-conditions). Heuristic: the order in which models take nodes (largest first), the candidate
-pruning for a large fleet (a model's route is searched among the fastest, the largest and the
-most efficient n_layer + 2 free nodes of each kind, when more are free than three times that),
-replicas (water-filling over fixed ranges), nodes with several devices (each stage runs on one
-device; a node never splits its range over two), and pairwise link figures (used to time routes,
+Exact: one model's primary route for each stage count over the nodes it is searched among
+(chain.py says under what conditions). Heuristic: the choice of stage count when several routes
+are wanted (an estimate that takes every replica route to be as fast as the primary), the order
+in which models take nodes (largest first, each with a fair share of the free nodes in that
+estimate), the candidate pruning for a large fleet (a model's route is searched among the
+fastest, the largest and the most efficient n_layer + 2 free nodes of each kind, when more than
+three times that are free), replicas and rounds, nodes with several devices (a stage runs on one
+device; a node never splits its range over two) and pairwise link figures (used to time routes,
 not to choose them). `Plan.notes` records where pruning or a conservative count applied.
 """
 
@@ -32,14 +38,16 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from meshnet.placement.capacity import FleetTable, Pool, build_pool, fleet_table, row_layers
-from meshnet.placement.chain import best_chain
+from meshnet.placement.capacity import FleetTable, Pool, build_pool, fleet_table
+from meshnet.placement.chain import FleetShare, best_chain, most_layers
 from meshnet.placement.fleet import GIB, ModelShape, NodeOffer, Targets, check_fleet
 from meshnet.placement.plans import PRIMARY, REPLICA, Assignment, LeftOut, Plan, Shortfall
-from meshnet.placement.replicas import Slot, slots_of, water_fill
+from meshnet.placement.replicas import Placed, Slot, fillable_routes, slots_of, water_fill
 from meshnet.placement.routes import model_routes
 
 _PRUNE_FACTOR = 3  # search a model's route among all free nodes while they are at most this many times n_layer + 2
+_MAX_ROUNDS = 4  # rounds of routes (each followed by replicas) while targets.replicas is None
+_NO_ROUTE = "no route of the remaining free nodes holds any model, and no planned range fits it"
 
 
 def plan(models: Iterable[ModelShape], nodes: Iterable[NodeOffer], targets: Targets) -> Plan:
@@ -47,52 +55,105 @@ def plan(models: Iterable[ModelShape], nodes: Iterable[NodeOffer], targets: Targ
     models, nodes = tuple(models), tuple(sorted(nodes, key=lambda n: n.node_id))
     check_fleet(models, nodes)
     table = fleet_table(nodes)
-    per_byte = {m.name: table.seconds_per_byte(m) for m in models}
-    free = np.ones(len(nodes), dtype=bool)
-    assignments: list[Assignment] = []
-    shortfalls: list[Shortfall] = []
-    notes: list[str] = []
-    slots: list[Slot] = []
-    bottlenecks: dict[str, float] = {}
-    for model in sorted(models, key=lambda m: (-m.total_bytes(), m.name)):
-        candidates, pruned = _candidates(table, model, np.flatnonzero(free), targets.kv_tokens, per_byte[model.name])
-        pool = build_pool(table, model, candidates, targets.kv_tokens)
-        chain = best_chain(pool, targets.sessions) if len(candidates) else None
+    state = _State(table, targets, {m.name: table.seconds_per_byte(m) for m in models})
+    order = sorted(models, key=lambda m: (-m.total_bytes(), m.name))
+    wanted = np.inf if targets.replicas is None else 1 + targets.replicas
+    for round_ in range(_MAX_ROUNDS if targets.replicas is None else 1):
+        slots = [slot for i, model in enumerate(order) for slot in state.route(model, round_, len(order) - i)]
+        if not slots:
+            break
+        state.fill(slots, np.asarray([min(wanted, 1 + _fillable(state, slots, s.model)) for s in slots]))
+    state.fill(state.slots, np.full(len(state.slots), wanted))  # failover spares for whatever is left
+    left_out = [LeftOut(table.nodes[n].node_id, state.reasons.get(n, _NO_ROUTE)) for n in np.flatnonzero(state.free)]
+    return _assemble(models, nodes, state.assignments, left_out, state.shortfalls, targets.sessions, state.notes)
+
+
+class _State:
+    """What the plan has so far (plan() only)."""
+
+    def __init__(self, table: FleetTable, targets: Targets, per_byte: dict[str, np.ndarray]) -> None:
+        self.table, self.targets, self.per_byte = table, targets, per_byte
+        self.free = np.ones(len(table.nodes), dtype=bool)
+        self.memory = table.node_memory()
+        self.assignments: list[Assignment] = []
+        self.shortfalls: list[Shortfall] = []
+        self.notes: list[str] = []
+        self.reasons: dict[int, str] = {}
+        self.slots: list[Slot] = []  # every planned route's stage ranges, in the order planned
+        self.holders = np.zeros(0, dtype=np.int64)  # per slot, its holders
+        self.bottlenecks: dict[str, float] = {}
+
+    def route(self, model: ModelShape, round_: int, models_left: int) -> list[Slot]:
+        """A route for `model` from the free nodes (its primary in round 0); its stage ranges."""
+        free = np.flatnonzero(self.free)
+        kv_tokens = self.targets.kv_tokens
+        candidates, pruned = _candidates(self.table, model, free, kv_tokens, self.per_byte[model.name])
+        pool = build_pool(self.table, model, candidates, kv_tokens)
+        most = float("inf") if self.targets.replicas is None else 1 + self.targets.replicas
+        share = FleetShare(np.sort(self.memory[free]), max(1, len(free) // models_left), most)
+        chain = best_chain(pool, self.targets.sessions, share) if len(candidates) else None
         if chain is None:
-            shortfalls.append(_shortfall(pool, int(free.sum())))
-            continue
-        if pruned:
-            notes.append(f"{model.name}: primary route searched among {len(candidates)} of {int(free.sum())} free "
-                         "nodes (the fastest, largest and most efficient); exact within them only")
-        if not chain.exact:
-            notes.append(f"{model.name}: layers counted conservatively (unlike layers, or no stage with room for "
-                         "the embeddings beside its layers); the primary route may not be the least bottleneck")
+            if round_ == 0:
+                self.shortfalls.append(_shortfall(pool, len(free)))
+            return []
+        if round_ == 0 and pruned:
+            self.notes.append(f"{model.name}: primary route searched among {len(candidates)} of {len(free)} free "
+                              "nodes (the fastest, largest and most efficient); exact within them only")
+        if round_ == 0 and not chain.exact:
+            self.notes.append(f"{model.name}: unlike layers, counted as the largest; the primary route fits but may "
+                              "not have the least bottleneck")
+        role = PRIMARY if round_ == 0 else REPLICA
         for stage, (row, (start, end)) in enumerate(zip(chain.rows, chain.ranges())):
-            node = pool.nodes[int(pool.row_node[row])]
-            free[candidates[int(pool.row_node[row])]] = False
+            index = int(pool.row_node[row])
+            self.free[candidates[index]] = False
+            node = pool.nodes[index]
+            what = f"primary route of {model.name}" if round_ == 0 else f"route {round_ + 1} of {model.name} " \
+                "(nodes no range of an earlier route fits)"
+            note = (f"{what}, stage {stage + 1} of {len(chain.rows)}: predicted {chain.decode_seconds * 1e3:.3f} ms "
+                    f"per token, slowest stage {chain.bottleneck_seconds * 1e3:.3f} ms")
             backend = node.devices[int(pool.row_device[row])].backend
-            note = (f"primary route of {model.name}, stage {stage + 1} of {len(chain.rows)}: predicted "
-                    f"{chain.decode_seconds * 1e3:.3f} ms per token, slowest stage {chain.bottleneck_seconds * 1e3:.3f} ms")
-            assignments.append(Assignment(node.node_id, model.name, start, end, backend, PRIMARY, note))
-        slots.extend(slots_of(model, chain.ranges(), targets.kv_tokens))
-        bottlenecks[model.name] = chain.bottleneck_seconds
-    placed, reasons = water_fill(table, slots, list(np.flatnonzero(free)), targets.replicas, per_byte)
-    for p in placed:
-        slot = slots[p.slot]
-        node = table.nodes[p.node]
-        backend = node.devices[int(table.row_device[p.row])].backend
-        note = _replica_note(table, p.row, slot, per_byte[slot.model.name], bottlenecks[slot.model.name])
-        assignments.append(Assignment(node.node_id, slot.model.name, slot.start, slot.end, backend, REPLICA, note))
-    left_out = [LeftOut(table.nodes[n].node_id, reason) for n, reason in reasons.items()]
-    return _assemble(models, nodes, assignments, left_out, shortfalls, targets.sessions, notes)
+            self.assignments.append(Assignment(node.node_id, model.name, start, end, backend, role, note))
+        self.bottlenecks.setdefault(model.name, chain.bottleneck_seconds)
+        slots = slots_of(model, chain.ranges(), kv_tokens)
+        self.slots.extend(slots)
+        self.holders = np.concatenate((self.holders, np.ones(len(slots), dtype=np.int64)))
+        return slots
+
+    def fill(self, slots: list[Slot], caps: np.ndarray) -> None:
+        """Water-fill the free nodes into `slots` (some of self.slots) up to `caps` holders each."""
+        index = {id(s): i for i, s in enumerate(self.slots)}
+        where = np.asarray([index[id(s)] for s in slots], dtype=np.int64)
+        holders = self.holders[where]
+        placed, self.reasons = water_fill(self.table, slots, holders, caps, list(np.flatnonzero(self.free)),
+                                          self.per_byte)
+        self.holders[where] = holders
+        for p in placed:
+            self.replica(slots[p.slot], p)
+
+    def replica(self, slot: Slot, placed: Placed) -> None:
+        node = self.table.nodes[placed.node]
+        self.free[placed.node] = False
+        backend = node.devices[int(self.table.row_device[placed.row])].backend
+        note = _replica_note(self.table, placed.row, slot, self.per_byte[slot.model.name],
+                             self.bottlenecks[slot.model.name])
+        self.assignments.append(Assignment(node.node_id, slot.model.name, slot.start, slot.end, backend, REPLICA, note))
+
+
+def _fillable(state: "_State", slots: list[Slot], model: ModelShape) -> int:
+    """Routes of `model`'s new ranges the free nodes could complete."""
+    needs = [s.need_bytes for s in slots if s.model is model]
+    return fillable_routes(np.sort(state.memory[state.free]), needs)
 
 
 def _assemble(models: Sequence[ModelShape], nodes: Sequence[NodeOffer], assignments: list[Assignment],
               left_out: list[LeftOut], shortfalls: list[Shortfall], sessions: int, notes: list[str]) -> Plan:
     by_id = {n.node_id: n for n in nodes}
+    by_model: dict[str, list[Assignment]] = {}
+    for a in assignments:
+        by_model.setdefault(a.model, []).append(a)
     routes = []
     for model in sorted(models, key=lambda m: m.name):
-        routes.extend(model_routes(model, by_id, assignments, sessions))
+        routes.extend(model_routes(model, by_id, by_model.get(model.name, []), sessions))
     return Plan(tuple(sorted(assignments, key=lambda a: a.node_id)), tuple(sorted(left_out, key=lambda o: o.node_id)),
                 tuple(routes), tuple(sorted(shortfalls, key=lambda s: s.model)), sessions, tuple(notes))
 
@@ -114,25 +175,25 @@ def _candidates(table: FleetTable, model: ModelShape, free: np.ndarray, kv_token
     rows, held, seconds, hop = rows[useful], held[useful], seconds[useful], hop[useful]
     chosen: set[int] = set()
     for key in (seconds, -held, seconds + hop / np.maximum(held, 1)):
-        top = rows[np.argsort(key, kind="stable")[:keep]]
-        chosen.update(int(n) for n in table.row_node[top])
+        chosen.update(int(n) for n in table.row_node[rows[_smallest(key, keep)]])
     return np.asarray(sorted(chosen), dtype=np.int64), True
+
+
+def _smallest(key: np.ndarray, keep: int) -> np.ndarray:
+    """Indices of the `keep` smallest keys; ties at the cut go to the lower index (lower node id)."""
+    if len(key) <= keep:
+        return np.arange(len(key))
+    cut = np.partition(key, keep - 1)[keep - 1]
+    below = np.flatnonzero(key < cut)
+    return np.r_[below, np.flatnonzero(key == cut)[: keep - len(below)]]
 
 
 def _shortfall(pool: Pool, free_count: int) -> Shortfall:
     """Why no chain of the pool holds the model: the most layers one chain of it could hold."""
     model = pool.model
-    holds, can_be_last = 0, False
-    if len(pool.nodes):
-        mid_rows, last_rows, only_rows = row_layers(pool, float("inf"))
-        mid, last = np.zeros(len(pool.nodes), dtype=np.int64), np.zeros(len(pool.nodes), dtype=np.int64)
-        np.maximum.at(mid, pool.row_node, mid_rows)
-        np.maximum.at(last, pool.row_node, last_rows)
-        can_be_last = bool((last >= 1).any())
-        through = np.where(last >= 1, last + mid.sum() - mid, 0)
-        holds = min(model.n_layer - 1, max(int(only_rows.max()), int(through.max())))
-    missing = model.n_layer - holds
-    short = missing * pool.layer_memory + (0 if can_be_last else model.output_bytes)
+    holds = min(model.n_layer - 1, most_layers(pool)) if len(pool.nodes) else 0
+    can_be_last = bool(len(pool.nodes)) and int(pool.last_memory_layers.max()) >= 1
+    short = (model.n_layer - holds) * pool.layer_memory + (0 if can_be_last else model.output_bytes)
     reason = (f"the {free_count} free nodes hold at most {holds} of its {model.n_layer} layers in one chain "
               f"(a layer needs {pool.layer_memory / GIB:.3f} GiB with KV for {pool.kv_tokens} tokens"
               f"{'' if can_be_last else '; no node has room for the head'}); "

@@ -47,7 +47,8 @@ def move_between(before: Plan, after: Plan, node_id: NodeId, node: NodeOffer, mo
         return Move(node_id, None, from_range, None, 0, drain, "withdrawn: the new plan gives it nothing")
     model = models[new.model]
     fetch = fetch_bytes(model, node, new.start, new.end)
-    return Move(node_id, new.model, from_range, (new.start, new.end), fetch, drain + fetch / node.fetch_bytes_per_second,
+    seconds = drain + fetch / node.fetch_bytes_per_second
+    return Move(node_id, new.model, from_range, (new.start, new.end), fetch, seconds,
                 f"re-plan: {new.role} of {new.model} [{new.start}, {new.end})")
 
 

@@ -9,14 +9,17 @@ The rule (a heuristic, Petals' "least-served window" over fixed ranges): nodes a
 the smallest memory to the largest (the most constrained first, so a large node is not spent
 where a small one would do), ties by id; each goes to the slot it fits (its largest device holds
 the range's weights and KV) that has the fewest holders, preferring one whose layers it has on
-disk, then the lower slot index. A slot takes at most 1 + `replicas` holders. So every planned
-range gains holders evenly and each model gets as many routes as the free memory allows.
+disk, then the lower slot index. A slot takes at most its cap: in a round of routes, the
+holders that complete routes (`fillable_routes`), so nodes that could not complete one are kept
+for the next round's routes, whose ranges suit them; in the last pass, 1 + `replicas` (failover
+spares). So every planned range gains holders evenly and each model gets as many routes as the
+free memory allows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -43,15 +46,22 @@ def slots_of(model: ModelShape, ranges: Sequence[tuple[int, int]], kv_tokens: in
     return [Slot(model, a, b, model.memory_bytes(a, b, kv_tokens)) for a, b in ranges]
 
 
-def water_fill(table: FleetTable, slots: Sequence[Slot], free: Sequence[int], replicas: Optional[int],
+def fillable_routes(memory: np.ndarray, needs: Sequence[float]) -> int:
+    """How many routes of these stage ranges nodes with `memory` (ascending) can fill, one node
+    per stage: a node that holds a range holds every smaller one, so R routes fit iff for each k
+    at least k * R nodes hold the k-th largest range (Hall's condition for nested sets)."""
+    holders = [len(memory) - int(np.searchsorted(memory, need)) for need in sorted(needs, reverse=True)]
+    return min(count // k for k, count in enumerate(holders, start=1))
+
+
+def water_fill(table: FleetTable, slots: Sequence[Slot], holders: np.ndarray, caps: np.ndarray, free: Sequence[int],
                per_byte: dict[str, np.ndarray]) -> tuple[list[Placed], dict[int, str]]:
     """Replica placements for the `free` node indices, and a reason for each node left out.
+    `holders` (updated in place) and `caps`: per slot, its holders now and the most it may have.
     `per_byte`: per model name, the table's seconds per weight byte per row."""
     if not slots:
         return [], {n: "no model has a planned route to replicate" for n in free}
     need = np.asarray([s.need_bytes for s in slots], dtype=np.float64)
-    holders = np.ones(len(slots), dtype=np.int64)
-    limit = np.iinfo(np.int64).max if replicas is None else 1 + replicas
     node_memory = table.node_memory()
     starts = np.searchsorted(table.row_node, np.arange(len(table.nodes) + 1))
     placed, left_out = [], {}
@@ -62,9 +72,9 @@ def water_fill(table: FleetTable, slots: Sequence[Slot], free: Sequence[int], re
             left_out[n] = (f"no planned range fits: its largest device offers {node_memory[n] / GIB:.2f} GiB, "
                            f"the smallest range needs {smallest / GIB:.2f} GiB with its KV")
             continue
-        open_slots = fits & (holders < limit)
+        open_slots = fits & (holders < caps)
         if not open_slots.any():
-            left_out[n] = f"spare: every range it fits already has {limit} holders (targets.replicas = {replicas})"
+            left_out[n] = "spare: every range it fits already has the holders wanted (targets.replicas)"
             continue
         slot = _choose(table, n, slots, np.where(open_slots, holders, np.iinfo(np.int64).max))
         rows = np.arange(starts[n], starts[n + 1])
@@ -77,11 +87,12 @@ def water_fill(table: FleetTable, slots: Sequence[Slot], free: Sequence[int], re
 
 def _choose(table: FleetTable, n: int, slots: Sequence[Slot], key: np.ndarray) -> int:
     """The slot with the fewest holders; among those, one whose layers the node has on disk."""
-    fewest = np.flatnonzero(key == key.min())
     node = table.nodes[n]
-    if node.parts:
-        for slot in fewest:
-            s = slots[int(slot)]
-            if node.bytes_on_disk(s.model, s.start, s.end) == s.model.weight_bytes(s.start, s.end):
-                return int(slot)
+    if not node.parts:
+        return int(np.argmin(key))
+    fewest = np.flatnonzero(key == key.min())
+    for slot in fewest:
+        s = slots[int(slot)]
+        if node.bytes_on_disk(s.model, s.start, s.end) == s.model.weight_bytes(s.start, s.end):
+            return int(slot)
     return int(fewest[0])

@@ -145,14 +145,15 @@ def run_fleet(name: str, build: Callable, seed: int) -> dict:
         seconds = time.perf_counter() - started
         entry = {"wall_seconds": seconds, **summary(before, models)}
         if placement == "planner":
+            repaired = replan(before, models, remaining, targets, Policy(), now=0.0, last_adopted=0.0)  # in cooldown
+            after = repaired.plan
+            entry["churn_bytes_moved"] = bytes_moved(repaired.moves)
+            entry["churn_seconds_to_coverage"] = max((m.seconds for m in repaired.moves), default=0.0)
             started = time.perf_counter()
             decision = replan(before, models, remaining, targets, Policy(), now=1e9, last_adopted=None)
-            entry["replan_wall_seconds"] = time.perf_counter() - started
-            after = decision.plan
-            entry["churn_bytes_moved"] = bytes_moved(decision.moves)
-            entry["churn_seconds_to_coverage"] = max((m.seconds for m in decision.moves), default=0.0)
-            entry["churn_replan_adopted"] = decision.adopted
-            entry["churn_reason"] = decision.reason
+            entry["replan"] = {"wall_seconds": time.perf_counter() - started, "adopted": decision.adopted,
+                               "reason": decision.reason, "bytes_moved": bytes_moved(decision.moves),
+                               "aggregate_tokens_per_second": decision.plan.tokens_per_second()}
             entry["churn_retile_bytes"] = retile_bytes(before, plan(models, remaining, targets), models, remaining)
         else:
             after = place(models, remaining, targets)

@@ -65,7 +65,8 @@ def replan(current: Plan, models: Iterable[ModelShape], nodes: Iterable[NodeOffe
     repaired, repairs = repair(current, models, nodes, targets, policy.drain_seconds)
     if last_adopted is not None and now - last_adopted < policy.cooldown_seconds:
         wait = policy.cooldown_seconds - (now - last_adopted)
-        return Decision(repaired, tuple(repairs), False, f"cooldown: {wait:.0f} s until a re-plan may be adopted", 0.0, 0.0)
+        reason = f"cooldown: {wait:.0f} s until a re-plan may be adopted"
+        return Decision(repaired, tuple(repairs), False, reason, 0.0, 0.0)
     fresh = plan(models, nodes, targets)
     by_id = {n.node_id: n for n in nodes}
     by_name = {m.name: m for m in models}
