@@ -19,6 +19,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from meshnet.http_bounds import ConnectionCounts, HttpBounds, uvicorn_config
+from meshnet.socket_checks import closed_by_server
 
 BOUNDS = HttpBounds(request_timeout=1.0, max_connections=100, max_per_peer=20, max_in_flight=4)
 HONEST = "127.0.0.2"
@@ -84,17 +85,6 @@ def get(port: int, path: str = "/ok", source: str = HONEST, timeout: float = 5.0
             data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split(b" ")[1]), body
-
-
-def closed_by_server(s: socket.socket, wait: float) -> bool:
-    """Whether the server has closed `s` (EOF or reset) within `wait` seconds."""
-    s.settimeout(wait)
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 @contextlib.contextmanager

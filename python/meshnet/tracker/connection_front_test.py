@@ -17,6 +17,7 @@ import pytest
 from meshnet.identity.keys import Identity
 from meshnet.peers import ConnectionCaps
 from meshnet.protocol.tracker_client import TrackerClient
+from meshnet.socket_checks import closed_by_server
 from meshnet.tracker.connection_front import split_listen
 from meshnet.tracker.grpc_fixtures import ANSWERED_WITHIN_S, Attack, honest_calls, refusals, tracker  # noqa: F401
 from meshnet.tracker.grpc_server import ServerLimits
@@ -35,17 +36,6 @@ def held_from(source: str, address: str, n: int) -> list[socket.socket]:
         s.connect((host, int(port)))
         held.append(s)
     return held
-
-
-def closed_at_once(s: socket.socket) -> bool:
-    """Whether the tracker closed `s` (EOF or reset) within 2 s, having sent nothing."""
-    s.settimeout(2)
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 def held_open(connections: list[socket.socket]) -> bool:
@@ -129,7 +119,7 @@ def test_a_peer_past_its_connections_is_closed_at_accept_and_others_are_served(t
     extra = held_from("127.0.1.1", address, 2)
     forwarder = FromAddress("127.0.1.1", address)
     try:
-        assert all(closed_at_once(s) for s in extra)
+        assert all(closed_by_server(s, 2.0) for s in extra)
         assert coverage_code(forwarder.address, tokens) == grpc.StatusCode.UNAVAILABLE
         assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
         assert held_open(held)
@@ -155,7 +145,7 @@ def test_addresses_of_one_prefix_share_its_cap(tracker):
     held = [s for i in range(1, 5) for s in held_from(f"127.0.1.{i}", address, 4)]
     extra = held_from("127.0.1.5", address, 1)
     try:
-        assert closed_at_once(extra[0])
+        assert closed_by_server(extra[0], 2.0)
         assert honest_calls(address, tokens) < ANSWERED_WITHIN_S
         assert held_open(held)
     finally:
@@ -172,7 +162,7 @@ def test_a_full_port_keeps_a_share_for_a_prefix_that_holds_none(tracker):
     extra = held_from("127.1.1.2", address, 1)
     forwarder = FromAddress("127.2.0.1", address)
     try:
-        assert closed_at_once(extra[0])
+        assert closed_by_server(extra[0], 2.0)
         assert coverage_code(forwarder.address, tokens) == grpc.StatusCode.OK
         assert held_open(held)
     finally:
