@@ -20,15 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from joining import Joiner, made_invite, published_state
 from meshnet.identity.keys import Identity
 from meshnet.process import child_env
 from meshnet.protocol.tracker_client import TrackerClient
-from meshnet.recipe.certify import uncertified_entry
 from meshnet.recipe.cut_model import even_cuts
 from meshnet.swarm.local import wait_for_port
-from meshnet.tracker.invite_command import main as invite
-from meshnet.tracker.publish_command import main as publish
-from meshnet.tracker.state_dir import StateDir, init
 from route_cases import PROMPTS, generate, llama_cpp_greedy, tokenizer  # noqa: F401 - fixtures
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
@@ -38,63 +35,10 @@ CUTS = even_cuts(30, 2)
 TOKENS = 24
 
 
-def made_invite(state: StateDir, address: str, uses: int) -> str:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert invite(["make", "--state", str(state.root), "--role", "node", "--tracker", address,
-                       "--uses", str(uses)]) == 0
-    return out.getvalue().strip()
-
-
-class Joiner:
-    """A node process started with --join and nothing else that says what it serves."""
-
-    def __init__(self, workdir: Path, name: str, invite_text: str, *extra: str) -> None:
-        self.data, self.log, self.port_file = workdir / name, workdir / f"{name}.log", workdir / f"{name}.port"
-        self.port_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "meshnet.node.main", "--join", invite_text, "--data-dir", str(self.data),
-             "--max-memory", "2G", "--worker-binary", str(WORKER), "--listen", "127.0.0.1:0",
-             "--heartbeat-seconds", "0.5", "--drain-seconds", "2", "--port-file", str(self.port_file), *extra],
-            env=child_env(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
-
-    @property
-    def node_id(self) -> str:
-        return Identity.from_pem((self.data / "identity.pem").read_bytes()).node_id
-
-    def lines(self, event: str) -> list[dict]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()
-                if line.startswith("{") and f'"event": "{event}"' in line]
-
-    def wait_ready(self) -> "Joiner":
-        wait_for_port(self.proc, self.port_file, self.log, 300, f"node {self.data.name}")
-        return self
-
-    def events(self, step: str) -> list[dict]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            if line.startswith("{") and f'"step": "{step}"' in line:
-                out.append(json.loads(line))
-        return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
     work = tmp_path_factory.mktemp("join")
-    state = StateDir(work / "tracker")
-    init(state, ["localhost"], ["127.0.0.1"])
-    state.models.write_text(json.dumps([uncertified_entry(GGUF, "smollm2", "gguf", None, ["cpu"])]))
-    ranges = ",".join(f"{a}:{b}" for a, b in CUTS)
-    assert publish(["--state", str(state.root), "--gguf", str(GGUF), "--model", "smollm2", "--ranges", ranges,
-                    "--allow-uncertified", "--piece-mib", "4"]) == 0
+    state = published_state(work / "tracker", GGUF, "smollm2", CUTS, piece_mib=4)
     log = work / "tracker.log"
     tracker = subprocess.Popen([sys.executable, "-m", "meshnet.tracker.main", "--state", str(state.root),
                                 "--listen", "127.0.0.1:0", "--allow-uncertified", "--lease-seconds", "3",
@@ -105,7 +49,7 @@ def swarm(tmp_path_factory):
     nodes = []
     try:
         for i in range(4):  # one after another, as operators add machines; the first serves corrupted pieces
-            nodes.append(Joiner(work, f"node-{i}", text, *(["--cheat-pieces"] if i == 0 else [])).wait_ready())
+            nodes.append(Joiner(work, f"node-{i}", text, WORKER, *(["--cheat-pieces"] if i == 0 else [])).wait_ready())
         yield work, state, address, text, nodes
     finally:
         for node in nodes:
@@ -155,12 +99,12 @@ def test_a_generation_through_the_joined_nodes_equals_llama_cpp(swarm, tracker, 
 
 def test_a_used_up_invite_is_refused_and_a_restart_neither_redeems_nor_fetches_again(swarm, tracker, tokenizer):
     work, _, _, text, nodes = swarm
-    late = Joiner(work, "node-late", text)
+    late = Joiner(work, "node-late", text, WORKER)
     assert late.proc.wait(timeout=120) == 2
     assert "is used up (4 of 4 uses)" in late.log.read_text()
     assert not (work / "node-late" / "parts").exists()
     nodes[1].stop()
-    again = Joiner(work, "node-1", text).wait_ready()  # the same data directory
+    again = Joiner(work, "node-1", text, WORKER).wait_ready()  # the same data directory
     nodes[1] = again
     assert again.events("redeemed before") and len(again.events("redeemed")) == 1  # the first start's only
     fetched = again.events("fetched")[-1]
