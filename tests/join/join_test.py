@@ -26,6 +26,7 @@ from meshnet.process import child_env
 from meshnet.protocol.tracker_client import TrackerClient
 from meshnet.recipe.cut_model import even_cuts
 from meshnet.swarm.local import wait_for_port
+from meshnet.tracker.doctor import main as doctor
 from route_cases import PROMPTS, generate, llama_cpp_greedy, tokenizer  # noqa: F401 - fixtures
 
 GGUF = Path(os.environ["MESHNET_BUNDLED_GGUF"]).resolve()
@@ -42,6 +43,7 @@ def swarm(tmp_path_factory):
     log = work / "tracker.log"
     tracker = subprocess.Popen([sys.executable, "-m", "meshnet.tracker.main", "--state", str(state.root),
                                 "--listen", "127.0.0.1:0", "--allow-uncertified", "--lease-seconds", "3",
+                                "--http-listen", "127.0.0.1:0", "--http-port-file", str(work / "http.port"),
                                 "--port-file", str(work / "tracker.port")],
                                env=child_env(), stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     address = f"127.0.0.1:{wait_for_port(tracker, work / 'tracker.port', log, 60, 'tracker')}"
@@ -95,6 +97,17 @@ def test_a_generation_through_the_joined_nodes_equals_llama_cpp(swarm, tracker, 
     for prompt in PROMPTS[:2]:
         expected = llama_cpp_greedy(GREEDY, GGUF, tokenizer(prompt)["input_ids"], TOKENS)
         assert generate(tracker, tokenizer, prompt, TOKENS) == expected, prompt
+
+
+def test_the_doctor_says_why_each_node_serves_what_it_does(swarm, capsys):
+    work, _, _, _, nodes = swarm
+    assert doctor(["--status", f"http://127.0.0.1:{int((work / 'http.port').read_text())}/status.json"]) == 0
+    report = capsys.readouterr().out
+    for node in nodes:
+        start, end = node.events("assigned")[0]["layers"]
+        said = report.split(node.node_id + "\n", 1)[1].split("\nn", 1)[0]
+        assert f"serves smollm2 layers {start}-{end} (routable" in said, said
+        assert "offered 2.00 GiB of memory" in said and f"assigned smollm2 layers {start}-{end}" in said, said
 
 
 def test_a_used_up_invite_is_refused_and_a_restart_neither_redeems_nor_fetches_again(swarm, tracker, tokenizer):

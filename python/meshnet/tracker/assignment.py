@@ -11,14 +11,19 @@ uncovered ranges first:
 - an assignment is kept for its node while it fetches (`hold_seconds`), so nodes joining at
   once spread over the ranges, and a node asking again (a restart mid-fetch) gets the same part.
 
-Pure decisions over what the caller passes, and a table of held assignments under one lock.
+Every node's last decision (what it offered, what it was given and why, or why nothing) is kept
+for the operator (`decisions`: /status.json's "joining", the doctor command), at most
+MAX_DECISIONS nodes, the oldest forgotten first. Pure decisions over what the caller passes, and
+two tables under one lock.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import threading
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 from meshnet.weights.manifest import Manifest, Part
 from meshnet.wire import tracker as tt
@@ -26,9 +31,24 @@ from meshnet.wire.ids import NodeId
 from meshnet.wire.status import Status, StatusCode
 
 HOLD_SECONDS = 3600.0  # a node has this long to fetch its part and register before its assignment lapses
+MAX_DECISIONS = 1024  # nodes whose last decision is kept for the operator
 
 
-def _bytes(n: int) -> str:
+@dataclasses.dataclass(frozen=True)
+class JoinDecision:
+    node_id: str
+    at: float  # Unix time of the decision
+    memory_bytes: int  # what the node offered: the memory it measured (or its cap)
+    disk_free_bytes: int  # and its free disk
+    device: str
+    model: str  # "" when nothing was assigned
+    layers: Optional[tuple[int, int]]
+    part: str
+    reason: str  # why this part, or why none
+    fetching: bool = False  # assigned and not registered yet (filled in when read)
+
+
+def human_bytes(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
@@ -36,12 +56,35 @@ class Assignments:
     def __init__(self, hold_seconds: float = HOLD_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self._hold, self._clock = hold_seconds, clock
         self._held: dict[NodeId, tuple[str, Part, float]] = {}  # node -> (model, part, until)
+        self._decisions: collections.OrderedDict[NodeId, JoinDecision] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def assign(self, node: NodeId, offer: tt.AssignRequest, published: Mapping[str, Manifest],
                served: Callable[[str, int, int], int]) -> tt.AssignReply:
         """The part `node` should fetch and serve; `served(model, start, end)` counts the routable
         nodes that serve every layer of [start, end)."""
+        reply = self._decide(node, offer, published, served)
+        layers = (reply.layers.start, reply.layers.end) if reply.layers else None
+        decision = JoinDecision(node, time.time(), offer.memory_bytes, offer.disk_free_bytes, offer.device[:64],
+                                reply.model, layers, reply.part_file,
+                                reply.reason or (reply.status.message if reply.status else ""))
+        with self._lock:
+            self._decisions.pop(node, None)
+            self._decisions[node] = decision
+            while len(self._decisions) > MAX_DECISIONS:
+                self._decisions.popitem(last=False)
+        return reply
+
+    def decisions(self) -> list[JoinDecision]:
+        """Each node's last decision, by node id; `fetching` while its assignment is held."""
+        now = self._clock()
+        with self._lock:
+            held = {n for n, (_, _, until) in self._held.items() if until > now}
+            return [dataclasses.replace(d, fetching=d.node_id in held and d.layers is not None)
+                    for _, d in sorted(self._decisions.items())]
+
+    def _decide(self, node: NodeId, offer: tt.AssignRequest, published: Mapping[str, Manifest],
+                served: Callable[[str, int, int], int]) -> tt.AssignReply:
         now = self._clock()
         with self._lock:
             self._held = {n: held for n, held in self._held.items() if held[2] > now}
@@ -83,8 +126,8 @@ class Assignments:
         if not parts:
             return "this tracker publishes no model (//python:publish)"
         smallest = min(p.size for p in parts)
-        return (f"out of memory or disk: the smallest published part needs {_bytes(smallest)}; this node offers "
-                f"{_bytes(offer.memory_bytes)} of memory and {_bytes(offer.disk_free_bytes)} of disk")
+        return (f"out of memory or disk: the smallest published part needs {human_bytes(smallest)}; this node offers "
+                f"{human_bytes(offer.memory_bytes)} of memory and {human_bytes(offer.disk_free_bytes)} of disk")
 
 
 def served_by(coverage: Callable[[str], tt.CoverageReply]) -> Callable[[str, int, int], int]:

@@ -67,3 +67,27 @@ def test_a_node_asking_again_keeps_its_part_until_it_lapses_or_registers():
     assert assignments.assign(NodeId("b"), OFFER, MODELS, nobody).layers == first.layers
     assignments.release(NodeId("b"))  # it registered: now the coverage map counts it
     assert assignments.assign(NodeId("c"), OFFER, MODELS, nobody).layers == first.layers
+
+
+def test_each_nodes_last_decision_is_kept_for_the_operator():
+    clock = Clock()
+    assignments = Assignments(hold_seconds=60, clock=clock)
+    assignments.assign(NodeId("a"), OFFER, MODELS, nobody)
+    assignments.assign(NodeId("b"), tt.AssignRequest(GIB, GIB, "vulkan0"), MODELS, nobody)
+    a, b = assignments.decisions()
+    assert (a.node_id, a.model, a.layers, a.part, a.reason, a.fetching) == (
+        "a", "m", (0, 10), "m.layers-0-10.gguf", "uncovered", True)
+    assert (a.memory_bytes, a.disk_free_bytes, a.device) == (8 * GIB, 100 * GIB, "cpu")
+    assert b.model == "" and b.layers is None and b.reason.startswith("out of memory or disk") and not b.fetching
+    assignments.release(NodeId("a"))  # registered: no longer fetching, its decision still shown
+    assert [d.fetching for d in assignments.decisions()] == [False, False]
+
+
+def test_decisions_are_bounded():
+    from meshnet.tracker.assignment import MAX_DECISIONS
+
+    assignments = Assignments()
+    for i in range(MAX_DECISIONS + 5):
+        assignments.assign(NodeId(f"n{i:05d}"), tt.AssignRequest(1, 1, "cpu"), MODELS, nobody)
+    kept = assignments.decisions()
+    assert len(kept) == MAX_DECISIONS and kept[0].node_id == "n00005"  # the oldest forgotten first

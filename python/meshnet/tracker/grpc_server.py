@@ -253,6 +253,7 @@ class TrackerServer:
         self._published = published
         self._servicer = _AsyncTracker(service, limits)
         self._service_role = service.role
+        self.service = service  # what the tracker's other surfaces read (its HTTP side)
         self._gate = _Gate(method_roles, service.role, service.refused, limits)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="tracker-grpc")

@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
                              ticket_seconds=args.ticket_seconds, metrics=metrics,
                              check_reachability=args.check_reachability, audits=audits[0], principals=principals,
                              limits=server_limits(args), published=published_models(args.published, ticket_key, models))
-        http = web.serve(metrics, args.http_listen) if args.http_listen else None
+        http = web.serve(metrics, args.http_listen, server.service.joining) if args.http_listen else None
         relay = None
         if args.relay:
             relay = RelayServer(args.relay, args.relay_public_host or args.relay.rpartition(":")[0], tls=tls,

@@ -211,6 +211,10 @@ class TrackerService:
             return reply
         return self._handle("Assign", request, context, tt.AssignReply, work)
 
+    def joining(self) -> list[dict]:
+        """Each joining node's last assignment or refusal, for /status.json and the doctor."""
+        return [dataclasses.asdict(d) for d in self._assignments.decisions()]
+
     # ---- routes -----------------------------------------------------------------------------
 
     def Coverage(self, request, context):  # noqa: N802
