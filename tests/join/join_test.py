@@ -126,3 +126,35 @@ def test_a_used_up_invite_is_refused_and_a_restart_neither_redeems_nor_fetches_a
     prompt = PROMPTS[0]
     assert generate(tracker, tokenizer, prompt, TOKENS) == llama_cpp_greedy(
         GREEDY, GGUF, tokenizer(prompt)["input_ids"], TOKENS)
+
+
+def test_a_node_that_cannot_hold_its_part_says_so_and_is_given_another(swarm, tracker):
+    """The tracker assigns by a part's file size; the node measures its part's weights and the
+    least KV once fetched. Offered memory between the two parts' needs, the node refuses the first
+    part it is given (the larger, as every range is served twice), removes it, and is given the
+    other, which it serves."""
+    from meshnet.node.device_budget import MIN_KV_TOKENS, RESERVE_MIN_BYTES
+    from meshnet.recipe.range_memory import range_memory
+
+    work, state, address, _, nodes = swarm
+    published = state.published / "smollm2"
+    manifest = json.loads((published / "manifest.json").read_text())
+    first, second = sorted(manifest["parts"], key=lambda p: (-p["size"], p["start"]))  # the tracker's order
+
+    def need(part: dict) -> int:
+        memory = range_memory(published / part["file"], part["start"], part["end"], "f32")
+        return memory.weight_bytes + MIN_KV_TOKENS * memory.kv_bytes_per_token
+
+    assert need(first) > need(second)  # the larger file is the larger range here
+    offered = RESERVE_MIN_BYTES + (need(first) + need(second)) // 2
+    tight = Joiner(work, "node-tight", made_invite(state, address, uses=1), WORKER, max_memory=str(offered))
+    try:
+        tight.wait_ready()
+        (refused,) = tight.events("does not fit")
+        assert refused["part"] == first["file"] and "serve fewer layers" in refused["reason"]
+        assert [e["part"] for e in tight.events("assigned")] == [first["file"], second["file"]]
+        assert sorted(p.name for p in (tight.data / "parts").iterdir()) == [second["file"],
+                                                                              f"{second['file']}.manifest.json"]
+        assert tracker.coverage("smollm2").routable_count == 5
+    finally:
+        tight.stop()

@@ -8,8 +8,10 @@
 3. measures what it can offer: the memory it may hold (--max-memory, else what the kernel
    reports available) and the disk free under DIR;
 4. asks the tracker what to serve (Assign): a model, a layer range, the part that holds it;
-5. fetches that part from the tracker's Pieces service, each piece checked against the manifest
-   the tracker's key signed, resuming from what DIR already holds, with progress on stderr;
+5. fetches that part from the tracker's Pieces service and the nodes serving it, each piece
+   checked against the manifest the tracker's key signed, resuming from what DIR already holds,
+   with progress on stderr; then measures whether it can hold it (its weights and the least KV,
+   from the part's own header): if not, it removes it, tells the tracker, and is assigned another;
 6. returns the node's usual flags for what it was assigned, its part as --gguf; every other
    flag given is kept (the operator's --threads, --listen, ...).
 
@@ -42,6 +44,7 @@ from meshnet.wire import tracker as tt
 
 DEFAULT_DATA_DIR = Path.home() / ".meshnet" / "node"
 JOIN_FLAGS = ("--join", "--data-dir", "--max-memory")
+MAX_REASSIGNMENTS = 3  # parts a node may find too large for its memory before it gives up
 
 
 class Joined:
@@ -90,49 +93,83 @@ def _show(progress: Progress) -> None:
           file=sys.stderr, flush=True)
 
 
+def does_not_fit(part_path: Path, start: int, end: int, memory_bytes: int) -> Optional[str]:
+    """Why the node cannot hold the part it fetched in the memory it offered (its weights and the
+    least KV a node serves, as the node's own device budget counts them), or None."""
+    from meshnet.node.device_budget import DoesNotFit, plan
+    from meshnet.recipe.range_memory import range_memory
+
+    offered = tt.Device("cpu", "the memory this node offered", memory_bytes, memory_bytes)
+    try:
+        plan(offered, range_memory(part_path, start, end, "f32"), layers=(start, end))
+    except DoesNotFit as err:
+        return str(err)
+    return None
+
+
+def _fetched(joined: Joined, reply: tt.AssignReply, chan, token: str, tracker_key: bytes):
+    """The assigned part fetched and checked (from the tracker and the peers the reply names);
+    (part, manifest path, last progress)."""
+    manifest = fetch_manifest(chan, token, reply.model, tracker_key)
+    part = manifest.part(reply.layers.start, reply.layers.end)
+    if part is None or part.file != reply.part_file:
+        raise ManifestError(f"the manifest of {reply.model} has no part {reply.part_file} for the assigned range")
+    download = PartDownload(joined.parts, manifest, part)
+    manifest_path = joined.parts / f"{part.file}.manifest.json"
+    write_private(manifest_path, manifest.encode())  # re-checked against the tracker key when served
+    if download.resumed_bytes:
+        log("join", step="resuming", part=part.file, verified_bytes=download.resumed_bytes)
+    peers = [(peer.node_id, channel(peer.pieces_address, peer.tls_certificate.encode(), NODE_TLS_NAME))
+             for peer in reply.sources if peer.pieces_address and peer.tls_certificate]
+    sources = [GrpcPieceSource("tracker", chan, token, manifest),
+               *(GrpcPieceSource(name, peer_chan, token, manifest) for name, peer_chan in peers)]
+    try:
+        done = fetch(download, sources, on_progress=_show,
+                     on_bad=lambda name, index: log("bad_piece", source=name, part=part.file, piece=index))
+    finally:
+        for _, peer_chan in peers:
+            peer_chan.close()
+    log("join", step="fetched", part=part.file, bytes=done.done_bytes, resumed_bytes=done.resumed_bytes,
+        per_source=done.per_source, seconds=round(done.seconds, 2))
+    return part, manifest_path
+
+
 def join(invite_text: str, data_dir: Path, max_memory: Optional[int], device: str) -> list[str]:
-    """Joins (steps 1-5 above); the flags that make the node serve its assignment."""
+    """Joins (steps 1-5 above); the flags that make the node serve its assignment. A part that
+    turns out not to fit the memory offered is removed and refused, and the tracker asked again
+    (at most MAX_REASSIGNMENTS times)."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     joined = Joined(data_dir)
     identity = Identity.load_or_create(joined.identity)
     _redeemed(joined, invite_text, identity)
     trackers, tls_name = joined.trackers()
     token, cert = joined.token.read_text().strip(), joined.certificate.read_bytes()
-    offer = tt.AssignRequest(min(max_memory or available_memory(), available_memory()),
-                             shutil.disk_usage(data_dir).free, device)
+    memory = min(max_memory or available_memory(), available_memory())
+    refused: list[str] = []
     with TrackerClient(trackers, token, identity, tracker_ca=cert, tls_name=tls_name or None) as client:
-        reply = client.assign(offer)
-        if reply.status is None or not reply.status.ok or reply.layers is None:
-            raise LookupError(reply.status.message if reply.status else "the tracker answered no assignment")
         tracker_key = client.tracker_key()
-        address = client.address
-    log("join", step="assigned", model=reply.model, layers=[reply.layers.start, reply.layers.end],
-        part=reply.part_file, reason=reply.reason, offered_memory=offer.memory_bytes, offered_disk=offer.disk_free_bytes)
-    chan = channel(address, cert, tls_name or None)
-    try:
-        manifest = fetch_manifest(chan, token, reply.model, tracker_key)
-        part = manifest.part(reply.layers.start, reply.layers.end)
-        if part is None or part.file != reply.part_file:
-            raise ManifestError(f"the manifest of {reply.model} has no part {reply.part_file} for the assigned range")
-        download = PartDownload(joined.parts, manifest, part)
-        manifest_path = joined.parts / f"{part.file}.manifest.json"
-        write_private(manifest_path, manifest.encode())  # re-checked against the tracker key when served
-        if download.resumed_bytes:
-            log("join", step="resuming", part=part.file, verified_bytes=download.resumed_bytes)
-        peers = [(peer.node_id, channel(peer.pieces_address, peer.tls_certificate.encode(), NODE_TLS_NAME))
-                 for peer in reply.sources if peer.pieces_address and peer.tls_certificate]
-        sources = [GrpcPieceSource("tracker", chan, token, manifest),
-                   *(GrpcPieceSource(name, peer_chan, token, manifest) for name, peer_chan in peers)]
-        try:
-            done = fetch(download, sources, on_progress=_show,
-                         on_bad=lambda name, index: log("bad_piece", source=name, part=part.file, piece=index))
-        finally:
-            for _, peer_chan in peers:
-                peer_chan.close()
-    finally:
-        chan.close()
-    log("join", step="fetched", part=part.file, bytes=done.done_bytes, resumed_bytes=done.resumed_bytes,
-        per_source=done.per_source, seconds=round(done.seconds, 2))
+        for _ in range(MAX_REASSIGNMENTS + 1):
+            offer = tt.AssignRequest(memory, shutil.disk_usage(data_dir).free, device, tuple(refused))
+            reply = client.assign(offer)
+            if reply.status is None or not reply.status.ok or reply.layers is None:
+                raise LookupError(reply.status.message if reply.status else "the tracker answered no assignment")
+            log("join", step="assigned", model=reply.model, layers=[reply.layers.start, reply.layers.end],
+                part=reply.part_file, reason=reply.reason, offered_memory=offer.memory_bytes,
+                offered_disk=offer.disk_free_bytes)
+            chan = channel(client.address, cert, tls_name or None)
+            try:
+                part, manifest_path = _fetched(joined, reply, chan, token, tracker_key)
+            finally:
+                chan.close()
+            problem = does_not_fit(joined.parts / part.file, part.start, part.end, memory)
+            if problem is None:
+                break
+            log("join", step="does not fit", part=part.file, reason=problem)
+            (joined.parts / part.file).unlink()
+            manifest_path.unlink()
+            refused.append(part.file)
+        else:
+            raise LookupError(f"none of the {len(refused)} parts the tracker assigned fits this node's memory")
     return ["--tracker", ",".join(trackers), "--token-file", str(joined.token), "--tracker-ca", str(joined.certificate),
             "--tracker-tls-name", tls_name, "--identity", str(joined.identity), "--gguf", str(joined.parts / part.file),
             "--model", reply.model, "--layers", f"{part.start}:{part.end}", "--backend", "gguf",

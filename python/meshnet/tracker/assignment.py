@@ -32,6 +32,7 @@ from meshnet.wire.status import Status, StatusCode
 
 HOLD_SECONDS = 3600.0  # a node has this long to fetch its part and register before its assignment lapses
 MAX_DECISIONS = 1024  # nodes whose last decision is kept for the operator
+MAX_REFUSED_PARTS = 64  # parts a node may say it cannot hold, in one request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,14 +89,18 @@ class Assignments:
         now = self._clock()
         with self._lock:
             self._held = {n: held for n, held in self._held.items() if held[2] > now}
+            refused = set(offer.refused_parts[:MAX_REFUSED_PARTS])
+            if node in self._held and self._held[node][1].file in refused:
+                del self._held[node]  # it fetched it and cannot hold it: something else
             if node in self._held:
                 model, part, _ = self._held[node]
                 self._held[node] = (model, part, now + self._hold)
                 return self._reply(model, part, "the part this node was assigned before (still fetching)")
             fits = [(model, part) for model, manifest in sorted(published.items()) for part in manifest.parts
-                    if part.size <= offer.memory_bytes and part.size <= offer.disk_free_bytes]
+                    if part.size <= offer.memory_bytes and part.size <= offer.disk_free_bytes
+                    and part.file not in refused]
             if not fits:
-                return tt.AssignReply(Status(StatusCode.NOT_FOUND, self._why_none(offer, published)))
+                return tt.AssignReply(Status(StatusCode.NOT_FOUND, self._why_none(offer, published, refused)))
             fetching: dict[tuple[str, int, int], int] = {}
             for model, part, _ in self._held.values():
                 fetching[(model, part.start, part.end)] = fetching.get((model, part.start, part.end), 0) + 1
@@ -121,10 +126,13 @@ class Assignments:
         return tt.AssignReply(Status(StatusCode.OK), model, tt.LayerRange(part.start, part.end), part.file, reason)
 
     @staticmethod
-    def _why_none(offer: tt.AssignRequest, published: Mapping[str, Manifest]) -> str:
+    def _why_none(offer: tt.AssignRequest, published: Mapping[str, Manifest], refused: set[str]) -> str:
         parts = [p for manifest in published.values() for p in manifest.parts]
         if not parts:
             return "this tracker publishes no model (//python:publish)"
+        if refused and all(p.file in refused or p.size > offer.memory_bytes for p in parts):
+            return (f"out of memory: this node measured it cannot hold {', '.join(sorted(refused))}, and no other "
+                    f"published part fits its {human_bytes(offer.memory_bytes)}")
         smallest = min(p.size for p in parts)
         return (f"out of memory or disk: the smallest published part needs {human_bytes(smallest)}; this node offers "
                 f"{human_bytes(offer.memory_bytes)} of memory and {human_bytes(offer.disk_free_bytes)} of disk")

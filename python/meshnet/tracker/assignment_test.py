@@ -91,3 +91,15 @@ def test_decisions_are_bounded():
         assignments.assign(NodeId(f"n{i:05d}"), tt.AssignRequest(1, 1, "cpu"), MODELS, nobody)
     kept = assignments.decisions()
     assert len(kept) == MAX_DECISIONS and kept[0].node_id == "n00005"  # the oldest forgotten first
+
+
+def test_a_part_the_node_cannot_hold_is_not_assigned_to_it_again():
+    assignments = Assignments()
+    first = assignments.assign(NodeId("a"), OFFER, MODELS, nobody)
+    refused = tt.AssignRequest(OFFER.memory_bytes, OFFER.disk_free_bytes, "cpu", (first.part_file,))
+    second = assignments.assign(NodeId("a"), refused, MODELS, nobody)  # its held assignment is dropped
+    assert second.status.ok and second.part_file != first.part_file
+    all_refused = tt.AssignRequest(OFFER.memory_bytes, OFFER.disk_free_bytes, "cpu", tuple(p.file for p in PARTS))
+    reply = Assignments().assign(NodeId("b"), all_refused, MODELS, nobody)
+    assert reply.status.code == StatusCode.NOT_FOUND
+    assert reply.status.message.startswith("out of memory: this node measured it cannot hold m.layers-0-10.gguf")

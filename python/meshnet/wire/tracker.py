@@ -278,6 +278,7 @@ class AssignRequest:
     memory_bytes: int = 0  # what the node may hold (measured, or its cap)
     disk_free_bytes: int = 0  # free under its data directory
     device: str = ""  # where it computes
+    refused_parts: tuple[str, ...] = ()  # parts it was assigned and measured it cannot hold
 
 
 @dataclasses.dataclass(frozen=True)
