@@ -12,11 +12,15 @@ because every node of that range it could use was at capacity or at its share, u
 granted a route of that model or `wait_seconds` (the route lease) after its last such refusal.
 
 The rule. While a principal other than P waits for range R, P's new route takes no place in R
-if P holds share(R) places there already, where share(R) = ceil(capacity(R) / n) and n is the
-number of principals holding a place in R, P included, plus one if some waiting principal holds
-none there. The waiting principals who hold nothing count as one, so that keys minted only to
-ask cannot shrink everyone's share; rounded up, the n shares cover the capacity, and whoever is
-under its share may still take a free place. The route goes around R when it can; else it is
+if P holds share(R) places there already, where share(R) = ceil(capacity(R) x w(P) / W) and W
+is the sum of the weights of the principals holding a place in R, P included, plus one if some
+waiting principal holds none there. The waiting principals who hold nothing count as one of
+weight 1, so that keys minted only to ask cannot shrink everyone's share; rounded up, the shares
+cover the capacity, and whoever is under its share may still take a free place. A principal's
+weight is its route quota over the tracker's default (`weight`; 1 for every key the operator did
+not enrol with a larger quota): a gateway, which carries many users under one key, is enrolled
+with the quota of the routes it may hold, and holds that much more of a range than a single key
+while others wait; a key minted by a token holder has the default quota and weight 1. The route goes around R when it can; else it is
 refused RESOURCE_EXHAUSTED (retryable), as a principal over its route quota is. Places already
 held are not taken back (a share is reached as routes end), and a failover is not held to it
 (its route held its place already).
@@ -29,12 +33,14 @@ at most MAX_WAITING per range, and reclaimed routes after one grace.
 from __future__ import annotations
 
 import collections
-from typing import Iterable, Mapping, NamedTuple, Optional
+import math
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional
 
 from meshnet.tracker.store.state_store import NodeRecord, SessionRecord
 from meshnet.wire import tracker as tt
 
 Range = tuple[int, int]  # a registered layer range [start, end)
+Weight = Callable[[bytes], float]  # a principal's weight in the shares (1 unless enrolled with more)
 MAX_WAITING = 1024  # waiting principals remembered per (model, range); the oldest go first
 MAX_RECLAIMED = 1 << 16  # reclaimed routes remembered (each for one grace)
 
@@ -97,10 +103,10 @@ class Share(NamedTuple):
 
 
 def over_share(principal: bytes, model: str, sessions: Iterable[SessionRecord], nodes: Iterable[NodeRecord],
-               contention: Contention, now: float) -> dict[Range, Share]:
+               contention: Contention, now: float, weight: Weight = lambda key: 1.0) -> dict[Range, Share]:
     """The ranges of `model` where `principal` may take no more places now. `sessions`: the open
     routes but the one being routed; `nodes`: those a route may use (routable, live, not
-    draining, banned or quarantined)."""
+    draining, banned or quarantined); `weight`: each principal's (module docstring)."""
     waiting = contention.waiting(model, now)
     if not any(principals - {principal} for principals in waiting.values()):
         return {}  # nobody else waits: the common case costs no more than this
@@ -118,14 +124,14 @@ def over_share(principal: bytes, model: str, sessions: Iterable[SessionRecord], 
     for holder, ranges in contention.reclaimed_places(model, now):
         for at in ranges:
             places[at][holder] += 1
-    return shares(principal, capacity, places, waiting)
+    return shares(principal, capacity, places, waiting, weight)
 
 
 def shares(principal: bytes, capacity: Mapping[Range, Optional[int]], places: Mapping[Range, Mapping[bytes, int]],
-           waiting: Mapping[Range, frozenset[bytes]]) -> dict[Range, Share]:
+           waiting: Mapping[Range, frozenset[bytes]], weight: Weight = lambda key: 1.0) -> dict[Range, Share]:
     """The rule itself: the ranges where `principal` holds its share while others wait.
     `capacity`: sessions per range (None: no limit); `places`: the places each principal holds
-    per range; `waiting`: who waits for each range."""
+    per range; `waiting`: who waits for each range; `weight`: each principal's (at least 1)."""
     over = {}
     for at, sessions in capacity.items():
         others = waiting.get(at, frozenset()) - {principal}
@@ -133,8 +139,8 @@ def shares(principal: bytes, capacity: Mapping[Range, Optional[int]], places: Ma
             continue
         holders = places.get(at, {})
         counted = {p for p, held in holders.items() if held > 0} | {principal}
-        n = len(counted) + (1 if others - counted else 0)
-        share = max(1, -(-sessions // n))  # ceil(sessions / n), at least 1
+        total = sum(max(1.0, weight(p)) for p in counted) + (1.0 if others - counted else 0.0)
+        share = max(1, math.ceil(sessions * max(1.0, weight(principal)) / total))  # at least 1
         held = holders.get(principal, 0)
         if held >= share:
             over[at] = Share(held, share, sessions)

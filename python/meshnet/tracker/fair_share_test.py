@@ -58,3 +58,31 @@ def test_a_reclaimed_routes_places_count_for_one_grace():
     assert contention.reclaimed_places("smol", now=14.9) == [(SQUATTER, (R, (30, 40)))]
     assert contention.reclaimed_places("other-model", now=14.9) == []
     assert contention.reclaimed_places("smol", now=15) == []
+
+
+def test_a_principal_enrolled_with_a_larger_quota_holds_a_larger_share():
+    """A gateway carries many users under one key: enrolled at ten times the default quota it
+    holds ten elevenths of a range while one other key waits, not half (issue 55)."""
+    gateway = b"g" * 32
+    weight = {gateway: 10.0}.get
+
+    def weights(key: bytes) -> float:
+        return weight(key, 1.0)
+
+    waiting = {R: frozenset({HONEST})}
+    assert shares(gateway, {R: 22}, {R: {gateway: 11}}, waiting, weights) == {}  # equal weights: at 11 of 22
+    assert shares(gateway, {R: 22}, {R: {gateway: 20}}, waiting, weights) == {R: Share(20, 20, 22)}  # ceil(22x10/11)
+    assert shares(HONEST, {R: 22}, {R: {gateway: 20, HONEST: 2}}, {R: frozenset({gateway})}, weights) == {
+        R: Share(2, 2, 22)}  # the single key keeps its own share: ceil(22 x 1 / 11)
+    # weights below 1 count as 1: a quota under the default never shrinks a share
+    assert shares(SQUATTER, {R: 4}, {R: {SQUATTER: 2}}, waiting, lambda key: 0.1) == {R: Share(2, 2, 4)}
+
+
+def test_the_weight_is_the_enrolled_quota_over_the_default():
+    from meshnet.identity.keys import Identity
+    from meshnet.tracker.ledger.principals import Enrolment, Principals
+
+    gateway, minted = Identity.generate().public_key, Identity.generate().public_key
+    principals = Principals(("gateway",), default_max_routes=64, enrolments=[Enrolment(gateway, "gateway", "gw", 640)])
+    assert principals.share_weight(gateway) == 10.0
+    assert principals.share_weight(minted) == 1.0

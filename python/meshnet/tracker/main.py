@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
                         prefill_grace_seconds=args.route_prefill_grace_seconds,
                         ban_seconds=args.ban_seconds, max_ban_seconds=args.max_ban_seconds,
                         quarantined=ledger.quarantined(), on_close=lambda *closed: audits[0].consider(*closed),
-                        store=store, corroborate=health_fails, route_quota=principals.route_quota)
+                        store=store, corroborate=health_fails, route_quota=principals.route_quota,
+                        share_weight=principals.share_weight)
     audits.append(Audits(registry, ledger, ticket_key, rate=args.audit_rate, seed=args.audit_seed,
                          ticket_seconds=args.ticket_seconds, quorum=args.audit_quorum, principals=principals))
     metrics = TrackerMetrics(registry, ledger)

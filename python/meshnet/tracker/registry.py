@@ -73,7 +73,8 @@ class Registry:
                  store: Optional[TrackerStore] = None,
                  corroborate: Callable[[tt.NodeInfo], bool] = lambda node: True,
                  route_quota: Callable[[bytes], int] = lambda caller: MAX_SESSIONS,
-                 prefill_grace_seconds: float = DEFAULT_GRACE_SECONDS) -> None:
+                 prefill_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                 share_weight: Callable[[bytes], float] = lambda caller: 1.0) -> None:
         """`quarantined`: nodes that failed an audit (ADR 0008; the ledger keeps them), never
         routed. `on_close(route, model, hops)` is called after a client closes a route, outside
         the lock (the tracker samples audits there). `store`: where the state lives (an
@@ -83,7 +84,8 @@ class Registry:
         default takes every report on trust. `route_quota(caller)`: how many routes one
         principal may hold open at once (tracker/ledger/principals.py, ADR 0017).
         `prefill_grace_seconds`: how long a route epoch may go without showing a prefill before
-        it is closed (prefill_grace.py; ValueError unless finite and positive)."""
+        it is closed (prefill_grace.py; ValueError unless finite and positive). `share_weight(caller)`:
+        its weight in a range's fair share (fair_share.py; Principals.share_weight)."""
         self._models = {m.model: m for m in models}
         self._store: TrackerStore = store if store is not None else EmbeddedStore(clock)
         for node_id in set(quarantined) - self._store.quarantined():
@@ -91,6 +93,7 @@ class Registry:
         self._on_close = on_close
         self._corroborate = corroborate
         self._route_quota = route_quota
+        self._share_weight = share_weight
         self.contradicted_reports = 0  # failure reports the tracker's probe contradicted (no ban)
         self.reclaimed_routes = 0  # routes closed for carrying no prefill within the grace
         self._prefill = PrefillWatch(prefill_grace_seconds)
@@ -466,8 +469,8 @@ class Registry:
         live.pop(session_id, None)
         now = self._clock()
         eligible = self._eligible(session.model)
-        over = (over_share(session.client_key, session.model, live.values(), eligible, self._contention, now)
-                if fair else {})
+        over = (over_share(session.client_key, session.model, live.values(), eligible, self._contention, now,
+                           self._share_weight) if fair else {})
         choice = self._candidates(session, live, eligible, model.recipes(), over)
         combinations = model.route_combinations()
         route = RouteSession(session_id, session.epoch)

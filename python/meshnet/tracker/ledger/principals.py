@@ -130,6 +130,12 @@ class Principals:
             named = [e.max_routes for (_, k), e in self._enrolled.items() if k == key and e.max_routes]
         return max(named) if named else self.default_max_routes
 
+    def share_weight(self, key: bytes) -> float:
+        """`key`'s weight in a range's fair share while others wait (tracker/fair_share.py): its
+        route quota over the default, at least 1. Only an enrolment raises it: a gateway enrolled
+        with 640 routes holds ten times a single key's share; a minted key holds one."""
+        return max(1.0, self.route_quota(key) / self.default_max_routes) if self.default_max_routes else 1.0
+
     def take_failure_report(self, key: bytes, routes_held: int = 0) -> Optional[str]:
         """Counts a failure report by `key`, which holds `routes_held` open routes; why it is
         refused (over its quota for the last minute), or None."""
