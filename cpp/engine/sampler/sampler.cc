@@ -1,11 +1,10 @@
 #include "cpp/engine/sampler/sampler.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <cmath>
 #include <exception>
 
+#include "cpp/engine/cpu_clock/cpu_clock.h"
 #include "cpp/engine/llama_log/llama_log.h"
 #include "llama-ext.h"
 #include "llama.h"
@@ -38,13 +37,6 @@ size_t ArgMax(const float* values, size_t n) {
   size_t i = 0;
   while (!(values[i] == best)) ++i;
   return i;
-}
-
-// The calling thread's CPU time: what a draw costs the node, whatever else the node is doing.
-std::chrono::nanoseconds ThreadCpuTime() {
-  timespec now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
 }
 
 // llama.cpp's CPU limit on this thread's grammar steps (patch 0014) for as long as it lives:

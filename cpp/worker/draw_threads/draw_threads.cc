@@ -10,17 +10,13 @@
 #include <thread>
 #include <utility>
 
+#include "cpp/engine/cpu_clock/cpu_clock.h"
+
 namespace meshnet::worker {
 
 namespace {
 
 constexpr int kLowestNice = 19;
-
-std::chrono::nanoseconds CpuOf(clockid_t clock) {
-  timespec now{};
-  clock_gettime(clock, &now);
-  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
-}
 
 }  // namespace
 
@@ -44,7 +40,7 @@ class DrawThreads::Thread {
   Thread(const Thread&) = delete;
   Thread& operator=(const Thread&) = delete;
 
-  std::chrono::nanoseconds Cpu() const { return CpuOf(clock_); }
+  std::chrono::nanoseconds Cpu() const { return engine::CpuTimeOf(clock_); }
   pid_t tid() const { return tid_; }
 
   void Start(const std::function<void()>* task) {

@@ -2,7 +2,6 @@
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpp/engine/cpu_clock/cpu_clock.h"
 #include "gtest/gtest.h"
 
 namespace meshnet::worker {
@@ -24,11 +24,9 @@ pid_t ThisThreadId() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
 // Spins until this thread has used `cpu` of CPU time.
 void Burn(milliseconds cpu) {
-  timespec start{}, now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
-  const auto ns = [](const timespec& t) { return t.tv_sec * 1000000000LL + t.tv_nsec; };
-  do clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  while (ns(now) - ns(start) < std::chrono::nanoseconds(cpu).count());
+  const auto start = engine::ThreadCpuTime();
+  while (engine::ThreadCpuTime() - start < cpu) {
+  }
 }
 
 TEST(DrawThreadsTest, ACheapTaskRunsAtTheNodesPriorityOnAKeptThread) {
