@@ -75,3 +75,44 @@ def test_only_signed_manifests_of_certified_artifacts_are_loaded(published, tmp_
     assert PublishedModels(published.parts_dir.parent, Identity.generate().public_key,
                            [published.manifest.artifact]).models == {}
     assert PublishedModels(tmp_path / "absent", published.key.public_key, []).models == {}
+
+
+class Stalling:
+    """A node's published models whose every piece takes `seconds` to come (a fake peer that
+    stalls, named as such)."""
+
+    def __init__(self, models: PublishedModels, seconds: float) -> None:
+        self._models, self.models, self._seconds = models, models.models, seconds
+
+    def piece(self, model: str, file: str, index: int) -> bytes:
+        import time
+
+        time.sleep(self._seconds)
+        return self._models.piece(model, file, index)
+
+
+def test_a_peer_that_stalls_is_cut_at_its_deadline_and_the_part_comes_from_another(published, tmp_path):
+    """Over real gRPC: a peer whose pieces never come in time costs each piece asked of it its
+    deadline, then is passed over; the part arrives whole from the honest source."""
+    import time
+
+    from meshnet.weights.fetcher import fetch
+    from meshnet.weights.part_download import PartDownload
+    from meshnet.weights.piece_client import GrpcPieceSource, channel
+    from meshnet.weights.piece_service import PieceServer
+    from meshnet.weights.sources import DirectorySource
+
+    server = PieceServer(Stalling(models_of(published), 5.0), {"t": "node"}.get, "127.0.0.1:0", None)
+    chan = channel(f"127.0.0.1:{server.port}", None)
+    try:
+        stalled = GrpcPieceSource("stalled", chan, "t", published.manifest, timeout=0.5)
+        honest = DirectorySource("seed", published.parts_dir, published.manifest)
+        part = published.manifest.parts[0]
+        started = time.monotonic()
+        progress = fetch(PartDownload(tmp_path, published.manifest, part), [stalled, honest], parallel=2)
+        assert progress.per_source == {"seed": part.size}
+        assert time.monotonic() - started < 4.5  # its deadlines (0.5 s each), not the 5 s stall
+        assert (tmp_path / part.file).read_bytes() == (published.parts_dir / part.file).read_bytes()
+    finally:
+        chan.close()
+        server.stop()
