@@ -116,3 +116,43 @@ def test_a_peer_that_stalls_is_cut_at_its_deadline_and_the_part_comes_from_anoth
     finally:
         chan.close()
         server.stop()
+
+
+def test_a_nodes_pieces_go_only_to_its_tokens_holders_and_only_the_parts_it_holds(published, tmp_path):
+    """A node's own Pieces service (PublishedModels.held): the node token only, and only the part
+    it holds whole; everything else refused with its status, an honest fetch served beside."""
+    import shutil
+
+    from meshnet.weights.piece_client import GrpcPieceSource, channel
+    from meshnet.weights.piece_service import PieceServer
+    from meshnet.weights.v1 import weights_pb2_grpc
+
+    held_dir = tmp_path / "node"
+    held_dir.mkdir()
+    held, other = published.manifest.parts
+    shutil.copy(published.parts_dir / held.file, held_dir / held.file)
+    (held_dir / "m.manifest.json").write_bytes(published.manifest.encode())
+    models = PublishedModels.held(held_dir / "m.manifest.json", held_dir, published.key.public_key)
+    server = PieceServer(models, lambda token: "node" if token == "node-token" else None, "127.0.0.1:0", None)
+    chan = channel(f"127.0.0.1:{server.port}", None)
+    stub = weights_pb2_grpc.PiecesStub(chan)
+
+    def code(token: str, file: str, index: int = 0) -> grpc.StatusCode:
+        try:
+            list(stub.Piece(weights_pb2.PieceRequest(model="tiny", file=file, index=index),
+                            metadata=(("authorization", f"Bearer {token}"),), timeout=5))
+            return grpc.StatusCode.OK
+        except grpc.RpcError as err:
+            return err.code()
+
+    try:
+        assert code("", held.file) == grpc.StatusCode.UNAUTHENTICATED
+        assert code("client-token", held.file) == grpc.StatusCode.UNAUTHENTICATED
+        assert code("node-token", other.file) == grpc.StatusCode.NOT_FOUND  # not held here
+        assert code("node-token", "../" + held.file) == grpc.StatusCode.NOT_FOUND
+        honest = GrpcPieceSource("node", chan, "node-token", published.manifest)
+        offset, length = held.piece_span(1, published.manifest.piece_bytes)
+        assert honest.piece(held, 1) == (held_dir / held.file).read_bytes()[offset:offset + length]
+    finally:
+        chan.close()
+        server.stop()
