@@ -124,10 +124,16 @@ def test_a_throttled_replica_is_avoided_once_measured(swarm):
         limit = CpuLimit(worker.pid, 0.05)
         try:
             # Two sessions at once: the tracker spreads them (load), so both nodes serve and measure.
-            with ThreadPoolExecutor(2) as pool:
-                outputs = list(pool.map(lambda _: generate(tracker), range(2)))
-            assert outputs[0] == outputs[1]
-            rates = rates_once_measured(swarm)
+            # On a loaded CI machine one thread's session may open only after the other's closed,
+            # and both then take the same node (seen once at df5aaae): the pair is sent again, at
+            # most three times, until both nodes have measured. Setup only; the checks below hold.
+            for attempt in range(3):
+                with ThreadPoolExecutor(2) as pool:
+                    outputs = list(pool.map(lambda _: generate(tracker), range(2)))
+                assert outputs[0] == outputs[1]
+                rates = rates_once_measured(swarm, within_s=30.0 if attempt == 2 else 10.0)
+                if all(rates.values()):
+                    break
             assert all(rates.values()), (rates, routes_opened(swarm))
             choices = [route_node(tracker) for _ in range(5)]
             assert unmeasured_choice not in choices, (choices, rates, routes_opened(swarm))
