@@ -43,7 +43,6 @@ from meshnet.weights.piece_client import GrpcPieceSource, channel, fetch_manifes
 from meshnet.wire import tracker as tt
 
 DEFAULT_DATA_DIR = Path.home() / ".meshnet" / "node"
-JOIN_FLAGS = ("--join", "--data-dir", "--max-memory")
 MAX_REASSIGNMENTS = 3  # parts a node may find too large for its memory before it gives up
 
 

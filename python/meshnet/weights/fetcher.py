@@ -99,10 +99,11 @@ def fetch(download: PartDownload, sources: Sequence[PieceSource], parallel: int 
     failed_pieces: dict[int, str] = {}
     last_report = [0.0]
 
+    done = [sum(download.span(i)[1] for i in download.verified)]  # bytes verified, counted once each
+
     def report(force: bool = False) -> Progress:
         with write_lock:
-            done = sum(download.span(i)[1] for i in download.verified)
-            progress = Progress(download.part.file, download.part.size, done, download.resumed_bytes,
+            progress = Progress(download.part.file, download.part.size, done[0], download.resumed_bytes,
                                 time.monotonic() - started, dict(written), dict(pool.dropped))
         if force or progress.seconds - last_report[0] >= progress_seconds:
             last_report[0] = progress.seconds
@@ -125,6 +126,7 @@ def fetch(download: PartDownload, sources: Sequence[PieceSource], parallel: int 
             with write_lock:
                 download.write(index, data)
                 written[source.name] += len(data)
+                done[0] += len(data)
             pool.give_back(source.name)
             report()
             return

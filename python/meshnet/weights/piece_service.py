@@ -52,10 +52,11 @@ class PublishedModels:
     """The models under `root` (one directory per model: manifest.json and the parts), loaded
     once: each manifest must be signed by `tracker_key` and name a certified artifact."""
 
-    def __init__(self, root: Path, tracker_key: bytes, certified_artifacts: Iterable[str]) -> None:
+    def __init__(self, root: Optional[Path], tracker_key: bytes, certified_artifacts: Iterable[str]) -> None:
+        """`root` None: no model yet (`held` adds a node's one)."""
         self.models: dict[str, Published] = {}
         certified = set(certified_artifacts)
-        for directory in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        for directory in sorted(p for p in root.iterdir() if p.is_dir()) if root and root.is_dir() else []:
             path = directory / MANIFEST_FILE
             try:
                 encoded = path.read_bytes()[:MAX_MANIFEST_BYTES + 1]
@@ -78,8 +79,8 @@ class PublishedModels:
                      if (parts_dir / p.file).is_file() and (parts_dir / p.file).stat().st_size == p.size)
         if not held:
             raise FileNotFoundError(f"{parts_dir} holds no part of {manifest.model}'s manifest whole")
-        models = cls.__new__(cls)
-        models.models = {manifest.model: Published(dataclasses.replace(manifest, parts=held), encoded, parts_dir)}
+        models = cls(None, tracker_key, ())
+        models.models[manifest.model] = Published(dataclasses.replace(manifest, parts=held), encoded, parts_dir)
         return models
 
     def piece(self, model: str, file: str, index: int) -> bytes:
