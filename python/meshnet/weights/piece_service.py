@@ -32,6 +32,8 @@ from meshnet.weights.v1 import weights_pb2, weights_pb2_grpc
 
 MANIFEST_FILE = "manifest.json"
 CHUNK_BYTES = 1 << 20
+HANDSHAKE_TIMEOUT_MS = 5000  # a node's Pieces port: a connection that has not finished TLS by then is closed
+CONNECTION_IDLE_MS = 300_000  # and one with no call for this long (GOAWAY)
 ROLES = frozenset({"node", "verifier"})
 
 
@@ -153,7 +155,10 @@ class PieceServer:
         self._thread.start()
 
         async def start() -> int:
-            self._server = grpc.aio.server(options=[("grpc.max_concurrent_streams", limits.max_per_peer)])
+            self._server = grpc.aio.server(options=[
+                ("grpc.max_concurrent_streams", limits.max_per_peer),
+                ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),  # gRPC's default: 120 s
+                ("grpc.max_connection_idle_ms", CONNECTION_IDLE_MS)])
             weights_pb2_grpc.add_PiecesServicer_to_server(PieceService(models, role_of, grpc_peer_host, limits),
                                                           self._server)
             if tls is None:
